@@ -1,0 +1,168 @@
+"""The ``flowgrpo`` command: the jobs that are not training (training is ``accelerate launch train_t2i.py``).
+
+  flowgrpo eval          sample a prompt set with a model (or a trained checkpoint), score it with a
+                         reward and print a JSON summary: mean score, strict accuracy, per-task
+                         means, number of images, seconds
+  flowgrpo pretrain-toy  (re)build the embedded tiny SD3 model on the toy world (resumable)
+
+Run ``flowgrpo <command> --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+
+def _read_prompts(spec: str, limit: int | None) -> tuple[list[str], list[dict] | None]:
+    """Prompts and metadata from 'toy-eval', 'toy-train', a .txt file (one a line) or a .jsonl file."""
+    if spec in ("toy-eval", "toy-train"):
+        from rewards.toy import world
+
+        toy = world.eval_prompts() if spec == "toy-eval" else world.train_prompts()
+        prompts, metadata = [p.text for p in toy], [p.to_dict() for p in toy]
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise SystemExit(
+                f"flowgrpo eval: --prompts {spec!r} is neither 'toy-eval', 'toy-train' nor an existing "
+                ".txt (one prompt a line) or .jsonl ({{\"prompt\": ..., \"metadata\": {{...}}}} a line) file"
+            )
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        if path.suffix == ".jsonl":
+            rows = []
+            for number, line in enumerate(lines, 1):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise SystemExit(f"flowgrpo eval: {path}:{number} is not valid JSON ({exc})") from exc
+            prompts = [r.get("prompt", r.get("text")) for r in rows]
+            if any(not isinstance(p, str) for p in prompts):
+                raise SystemExit(f"flowgrpo eval: every line of {path} needs a string 'prompt' (or 'text') field")
+            metadata = [r.get("metadata", r) for r in rows]
+        else:
+            prompts, metadata = [line.strip() for line in lines], None
+    if limit:
+        prompts = prompts[:limit]
+        metadata = metadata[:limit] if metadata is not None else None
+    if not prompts:
+        raise SystemExit(f"flowgrpo eval: no prompts in {spec!r}")
+    return prompts, metadata
+
+
+def _model_config(args) -> dict:
+    from omegaconf import OmegaConf
+
+    from flowgrpo.paths import configs_dir
+
+    spec = args.model
+    path = Path(spec)
+    if not path.is_file():
+        path = configs_dir() / "models" / f"{spec.removesuffix('.yaml')}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in (configs_dir() / "models").glob("*.yaml"))
+        raise SystemExit(f"flowgrpo eval: --model {spec!r} is not a YAML file nor one of {names}")
+    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if args.pretrained:
+        cfg["pretrained"] = args.pretrained
+    if args.device:
+        cfg["device"] = args.device
+    return cfg
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from flowgrpo.evaluate import evaluate
+    from flowgrpo.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts, metadata = _read_prompts(args.prompts, args.limit)
+    model = load_model(_model_config(args))
+    if args.checkpoint:
+        model.load_trainable(args.checkpoint)
+    summary, images = evaluate(
+        model, prompts, args.reward, metadata, seed=args.seed, steps=args.steps,
+        guidance_scale=args.guidance, batch_size=args.batch_size,
+    )
+    summary = {"model": model.config.pretrained, "checkpoint": args.checkpoint, "prompts": args.prompts,
+               "reward": args.reward, **summary}
+    if args.save_images:
+        _save_images(Path(args.save_images), images, prompts)
+    text = json.dumps(summary, indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def _save_images(folder: Path, images, prompts: list[str]) -> None:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, (image, prompt) in enumerate(zip(images, prompts)):
+        name = f"{i:05d}.png"
+        array = (image.permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
+        Image.fromarray(array).save(folder / name)
+        rows.append(json.dumps({"file": name, "prompt": prompt}))
+    (folder / "manifest.jsonl").write_text("\n".join(rows) + "\n")
+
+
+def cmd_pretrain_toy(args) -> int:
+    from flowgrpo.pretrain import PretrainConfig, pretrain_toy
+
+    fields = {f.name for f in dataclasses.fields(PretrainConfig)}
+    cfg = PretrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    print(json.dumps(pretrain_toy(cfg), indent=2))
+    return 0
+
+
+def _add_pretrain_options(parser: argparse.ArgumentParser) -> None:
+    from flowgrpo.pretrain import PretrainConfig
+
+    for f in dataclasses.fields(PretrainConfig):
+        if f.type in ("int", "float", "str", int, float, str):
+            kind = {"int": int, "float": float, "str": str}.get(f.type, f.type)
+            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
+                                help=f"default: {f.default}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("eval", help="score a model or checkpoint on a prompt set with a reward")
+    ev.add_argument("--model", default="tiny_sd3", help="model config: a YAML file or a name in configs/models (default tiny_sd3)")
+    ev.add_argument("--pretrained", help="override the config's model: hub id, local folder or built-in name")
+    ev.add_argument("--checkpoint", help="a trained checkpoint folder (LoRA or full weights) to load on top")
+    ev.add_argument("--prompts", default="toy-eval", help="'toy-eval' (default), 'toy-train', a .txt or a .jsonl file")
+    ev.add_argument("--reward", default="toy", help="registered reward name or dotted path module:Class")
+    ev.add_argument("--steps", type=int, help="ODE steps (default: the model config's sample_steps)")
+    ev.add_argument("--guidance", type=float, help="guidance scale (default: the model config's)")
+    ev.add_argument("--seed", type=int, default=0, help="noise seed; image i uses a pure function of (seed, i)")
+    ev.add_argument("--batch-size", type=int, default=64)
+    ev.add_argument("--limit", type=int, help="score only the first N prompts")
+    ev.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, auto)")
+    ev.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    ev.add_argument("--save-images", help="write the PNGs and a manifest.jsonl to this folder")
+    ev.add_argument("--output", help="also write the JSON summary to this file")
+    ev.set_defaults(func=cmd_eval)
+
+    pre = sub.add_parser("pretrain-toy", help="build the embedded tiny SD3 model on the toy world (resumable)")
+    _add_pretrain_options(pre)
+    pre.set_defaults(func=cmd_pretrain_toy)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""Pretrain the embedded tiny SD3 model on the toy world: ``flowgrpo pretrain-toy``.
+
+Stages (each resumable from ``--work-dir``; rerunning the same command continues where it stopped):
+  1. VAE      an ``AutoencoderKL`` learns to reconstruct rendered 64x64 scenes (L1 + tiny KL).
+  2. DATA     a fixed set of scenes is rendered from the train prompts (task-balanced) and encoded
+              once; the latent mean/std set the VAE's ``shift_factor``/``scaling_factor`` as SD3 does.
+  3. FLOW     rectified-flow matching of the ``SD3Transformer2DModel`` and the three text encoders,
+              v ≈ noise − data at σ drawn on the sampling grid's density, captions dropped 10% of the
+              time so classifier-free guidance works; EMA weights are what ships.
+  4. SHIP     every ``eval_every`` steps the EMA pipeline is saved and scored on the held-out eval
+              prompts with the toy scorer (ODE sampling, the model config's default steps); training
+              stops at the first evaluation whose mean score reaches ``target_score``: the model is
+              meant to be competent but imperfect, leaving headroom that reinforcement learning shows.
+
+Every random draw is a pure function of (seed, stage, step), so a resumed run repeats the
+uninterrupted one. The result is a ``StableDiffusion3Pipeline`` folder written with
+``save_pretrained`` (≈ 15 MB) that loads with ``StableDiffusion3Pipeline.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from flowgrpo.tiny import TinySD3Sizes, build_clip_tokenizer, build_tiny_sd3_pipeline
+from rewards.toy import world
+
+TEXT_TOKENS = 16  # padded prompt length of every text encoder (toy prompts have <= 12 words)
+
+
+@dataclass
+class PretrainConfig:
+    output_dir: str = "flowgrpo/assets/tiny-sd3"  # where the finished pipeline is saved
+    work_dir: str = "runs/pretrain-toy"  # checkpoints, cached data and evaluation snapshots
+    seed: int = 0
+    threads: int = 0  # torch CPU threads; 0 = all cores
+    # stage 1: VAE
+    vae_steps: int = 1200
+    vae_batch: int = 32
+    vae_lr: float = 1e-3
+    vae_kl_weight: float = 1e-6  # times the KL summed over latent elements
+    # stage 2: data
+    dataset_size: int = 24000  # rendered (prompt, image) pairs, task-balanced over train prompts
+    # stage 3: flow matching
+    flow_steps: int = 6000  # upper bound; evaluation usually stops training earlier
+    flow_batch: int = 64
+    flow_lr: float = 3e-4
+    flow_warmup: int = 200
+    caption_dropout: float = 0.1  # fraction of captions replaced by "" (for CFG)
+    ema_decay: float = 0.999
+    checkpoint_every: int = 250
+    # stage 4: evaluation and stopping
+    eval_every: int = 500
+    eval_steps: int = 20  # ODE steps (the shipped model config's default)
+    eval_guidance: float = 4.5
+    target_score: float = 0.55  # stop once the held-out toy score reaches this (band 0.3-0.7)
+    sizes: TinySD3Sizes = field(default_factory=TinySD3Sizes)
+
+
+def _generator(seed: int, stage: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + stage * 10_007 + step) % (2**63))
+
+
+def _atomic_save_dir(build, target: Path) -> None:
+    """Write a folder through ``build(tmp)`` then rename it into place: never a half-written state."""
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    build(tmp)
+    old = target.with_name(target.name + ".old")
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class _State:
+    """Checkpoint of one stage: module weights (safetensors), optimizer, EMA, step counter."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def exists(self) -> bool:
+        return (self.folder / "meta.json").is_file()
+
+    def save(self, modules: dict, optimizer, ema: dict | None, meta: dict) -> None:
+        from safetensors.torch import save_file
+
+        def build(tmp: Path) -> None:
+            for name, module in modules.items():
+                save_file({k: v.contiguous() for k, v in module.state_dict().items()}, tmp / f"{name}.safetensors")
+            if ema is not None:
+                save_file({k: v.contiguous() for k, v in ema.items()}, tmp / "ema.safetensors")
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            (tmp / "meta.json").write_text(json.dumps(meta))
+
+        _atomic_save_dir(build, self.folder)
+
+    def load(self, modules: dict, optimizer, ema: dict | None) -> dict:
+        from safetensors.torch import load_file
+
+        for name, module in modules.items():
+            module.load_state_dict(load_file(self.folder / f"{name}.safetensors"))
+        if ema is not None:
+            ema.update(load_file(self.folder / "ema.safetensors"))
+        optimizer.load_state_dict(torch.load(self.folder / "optimizer.pt", weights_only=True))
+        return json.loads((self.folder / "meta.json").read_text())
+
+
+def _balanced_prompts(n: int, seed: int) -> list[world.ToyPrompt]:
+    """n train prompts, tasks drawn uniformly, prompts uniformly within a task."""
+    by_task: dict[str, list[world.ToyPrompt]] = {}
+    for p in world.train_prompts():
+        by_task.setdefault(p.task, []).append(p)
+    rng = random.Random(seed)
+    tasks = sorted(by_task)
+    return [rng.choice(by_task[rng.choice(tasks)]) for _ in range(n)]
+
+
+def _images_to_tensor(images: list[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div(255.0)
+
+
+def train_vae(pipe, cfg: PretrainConfig, work: Path) -> None:
+    vae = pipe.vae
+    state = _State(work / "vae")
+    optimizer = torch.optim.Adam(vae.parameters(), lr=cfg.vae_lr)
+    start = state.load({"vae": vae}, optimizer, None)["step"] if state.exists() else 0
+    if start >= cfg.vae_steps:
+        return
+    train = world.train_prompts()
+    vae.train()
+    bar = tqdm(range(start, cfg.vae_steps), desc="1/3 vae", initial=start, total=cfg.vae_steps)
+    for step in bar:
+        rng = random.Random(cfg.seed * 7919 + step)
+        images = _images_to_tensor(
+            [world.render_prompt(rng.choice(train), rng.randrange(2**31)) for _ in range(cfg.vae_batch)]
+        )
+        torch.manual_seed(cfg.seed * 1_000_003 + step)  # the posterior sample
+        posterior = vae.encode(images * 2 - 1).latent_dist
+        recon = vae.decode(posterior.sample()).sample
+        loss = F.l1_loss(recon, images * 2 - 1) + cfg.vae_kl_weight * posterior.kl().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        bar.set_postfix(loss=f"{loss.item():.4f}")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.vae_steps:
+            state.save({"vae": vae}, optimizer, None, {"step": step + 1})
+    vae.eval()
+
+
+@torch.no_grad()
+def build_dataset(pipe, cfg: PretrainConfig, work: Path) -> tuple[torch.Tensor, list[str]]:
+    """Render and encode the flow-matching data once; cached in the work dir."""
+    cache = work / "data.safetensors"
+    prompts = _balanced_prompts(cfg.dataset_size, cfg.seed)
+    texts = [p.text for p in prompts]
+    if cache.is_file():
+        from safetensors.torch import load_file
+
+        return load_file(cache)["latents"], texts
+    latents = []
+    batch = 256
+    for i in tqdm(range(0, len(prompts), batch), desc="2/3 data"):
+        chunk = prompts[i : i + batch]
+        images = _images_to_tensor([world.render_prompt(p, cfg.seed * 1_000_003 + i + j) for j, p in enumerate(chunk)])
+        latents.append(pipe.vae.encode(images * 2 - 1).latent_dist.mean)
+    raw = torch.cat(latents)
+    from safetensors.torch import save_file
+
+    save_file({"latents": raw.contiguous()}, cache)
+    return raw, texts
+
+
+def _shifted_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
+    return shift * u / (1 + (shift - 1) * u)
+
+
+def _text_encoders(pipe) -> dict[str, torch.nn.Module]:
+    return {"text_encoder": pipe.text_encoder, "text_encoder_2": pipe.text_encoder_2, "text_encoder_3": pipe.text_encoder_3}
+
+
+def _flow_modules(pipe) -> dict[str, torch.nn.Module]:
+    return {"transformer": pipe.transformer, **_text_encoders(pipe)}
+
+
+def _ema_init(modules: dict) -> dict[str, torch.Tensor]:
+    return {f"{n}.{k}": v.detach().clone() for n, m in modules.items() for k, v in m.state_dict().items()}
+
+
+@torch.no_grad()
+def _ema_update(ema: dict, modules: dict, decay: float) -> None:
+    for n, m in modules.items():
+        for k, v in m.state_dict().items():
+            e = ema[f"{n}.{k}"]
+            if v.dtype.is_floating_point:
+                e.lerp_(v, 1 - decay)
+            else:
+                e.copy_(v)
+
+
+def _swap_in_ema(modules: dict, ema: dict) -> dict:
+    """Load EMA weights into the modules; returns the training weights to restore later."""
+    saved = _ema_init(modules)
+    for n, m in modules.items():
+        m.load_state_dict({k[len(n) + 1 :]: v for k, v in ema.items() if k.startswith(n + ".")})
+    return saved
+
+
+def save_pipeline(pipe, folder: Path) -> None:
+    _atomic_save_dir(lambda tmp: pipe.save_pretrained(tmp), folder)
+
+
+def evaluate_snapshot(folder: Path, cfg: PretrainConfig) -> dict:
+    """Score a saved pipeline folder on the held-out eval prompts, exactly as ``flowgrpo eval`` does."""
+    from flowgrpo.evaluate import evaluate_toy
+    from flowgrpo.models import load_model
+
+    model = load_model(
+        {
+            "family": "sd3",
+            "pretrained": str(folder),
+            "device": "cpu",
+            "guidance_scale": cfg.eval_guidance,
+            "sample_steps": cfg.eval_steps,
+            "max_sequence_length": TEXT_TOKENS,
+            "finetune": "full",
+            "reference": "none",
+        }
+    )
+    return evaluate_toy(model, world.eval_prompts(), seed=cfg.seed)
+
+
+def train_flow(pipe, cfg: PretrainConfig, work: Path, latents: torch.Tensor, texts: list[str]) -> dict | None:
+    modules = _flow_modules(pipe)
+    params = [p for m in modules.values() for p in m.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=cfg.flow_lr, weight_decay=0.0)
+    ema = _ema_init(modules)
+    state = _State(work / "flow")
+    meta = state.load(modules, optimizer, ema) if state.exists() else {"step": 0, "evals": [], "reached": False}
+    if meta["reached"] or meta["step"] >= cfg.flow_steps:
+        return meta["evals"][-1] if meta["evals"] else None
+    shift = pipe.scheduler.config.shift
+    max_len = pipe.tokenizer.model_max_length
+    for m in modules.values():
+        m.train()
+    bar = tqdm(range(meta["step"], cfg.flow_steps), desc="3/3 flow", initial=meta["step"], total=cfg.flow_steps)
+    for step in bar:
+        g = _generator(cfg.seed, 3, step)
+        index = torch.randint(len(texts), (cfg.flow_batch,), generator=g)
+        drop = torch.rand(cfg.flow_batch, generator=g) < cfg.caption_dropout
+        captions = ["" if d else texts[i] for i, d in zip(index.tolist(), drop.tolist())]
+        x0 = latents[index]
+        noise = torch.randn(x0.shape, generator=g)
+        sigma = _shifted_sigmas(torch.rand(cfg.flow_batch, generator=g), shift)
+        s = sigma.view(-1, 1, 1, 1)
+        xt = (1 - s) * x0 + s * noise
+        embeds, _, pooled, _ = pipe.encode_prompt(
+            captions, None, None, do_classifier_free_guidance=False, max_sequence_length=max_len
+        )
+        pred = pipe.transformer(
+            hidden_states=xt, timestep=sigma * 1000, encoder_hidden_states=embeds, pooled_projections=pooled
+        ).sample
+        loss = F.mse_loss(pred, noise - x0)
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.flow_lr * min(1.0, (step + 1) / cfg.flow_warmup)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        _ema_update(ema, modules, min(cfg.ema_decay, (1 + step) / (10 + step)))
+        bar.set_postfix(loss=f"{loss.item():.4f}")
+        last = step + 1 == cfg.flow_steps
+        if (step + 1) % cfg.eval_every == 0 or last:
+            summary = _evaluate_ema(pipe, modules, ema, work, cfg)
+            summary["step"] = step + 1
+            meta["evals"].append(summary)
+            tqdm.write(json.dumps(summary))
+            meta["reached"] = summary["mean_score"] >= cfg.target_score
+        if (step + 1) % cfg.checkpoint_every == 0 or last or meta["reached"]:
+            meta["step"] = step + 1
+            state.save(modules, optimizer, ema, meta)
+        if meta["reached"]:
+            break
+    return meta["evals"][-1] if meta["evals"] else None
+
+
+def _evaluate_ema(pipe, modules: dict, ema: dict, work: Path, cfg: PretrainConfig) -> dict:
+    """Save the EMA weights as a pipeline snapshot and score it; training weights are restored."""
+    saved = _swap_in_ema(modules, ema)
+    save_pipeline(pipe, work / "snapshot")
+    for n, m in modules.items():
+        m.load_state_dict({k[len(n) + 1 :]: v for k, v in saved.items() if k.startswith(n + ".")})
+    return evaluate_snapshot(work / "snapshot", cfg)
+
+
+def pretrain_toy(cfg: PretrainConfig) -> dict:
+    """Run (or resume) all stages and write the pipeline to ``cfg.output_dir``."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    started = time.time()
+    work = Path(cfg.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pretrain_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    corpus = [p.text for p in world.train_prompts() + world.eval_prompts()]
+    tokenizer = build_clip_tokenizer(corpus, max_length=TEXT_TOKENS)
+    pipe = build_tiny_sd3_pipeline(tokenizer, cfg.sizes, seed=cfg.seed)
+    train_vae(pipe, cfg, work)
+    for p in pipe.vae.parameters():
+        p.requires_grad_(False)
+    raw, texts = build_dataset(pipe, cfg, work)
+    shift_factor = raw.mean().item()
+    scaling_factor = 1.0 / raw.std().item()
+    pipe.vae.register_to_config(shift_factor=shift_factor, scaling_factor=scaling_factor)
+    latents = (raw - shift_factor) * scaling_factor
+    final = train_flow(pipe, cfg, work, latents, texts)
+    save_pipeline_from_snapshot(work / "snapshot", Path(cfg.output_dir))
+    report = {"eval": final, "minutes": round((time.time() - started) / 60, 1), "output_dir": cfg.output_dir}
+    (work / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def save_pipeline_from_snapshot(snapshot: Path, output: Path) -> None:
+    """The shipped model is the last evaluated EMA snapshot (the one whose score was reported)."""
+    if not (snapshot / "model_index.json").is_file():
+        raise FileNotFoundError(f"no evaluated snapshot in {snapshot}; run the flow stage to its first evaluation")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_save_dir(lambda tmp: shutil.copytree(snapshot, tmp, dirs_exist_ok=True), output)

@@ -1,0 +1,244 @@
+"""Tiny models in the real diffusers architectures, built from configs (no downloads).
+
+Two uses:
+- the embedded default: ``flowgrpo pretrain-toy`` builds a tiny ``StableDiffusion3Pipeline`` with
+  :func:`build_tiny_sd3_pipeline`, trains it on toy scenes and ships it in ``flowgrpo/assets``;
+- the tests: random-weight tiny pipelines of the real classes (SD3, FLUX) to check adapters against.
+
+Every component is the real class (``SD3Transformer2DModel``, ``AutoencoderKL``,
+``CLIPTextModelWithProjection``, ``CLIPTokenizer``, ...); only the sizes are small. Tokenizers are
+CLIP-format byte-level BPE vocabularies trained locally on a word list with the ``tokenizers``
+library, so they save and load with ``save_pretrained`` / ``from_pretrained`` like the real ones.
+The size rules come from ENVIRONMENT.md (e.g. ``joint_attention_dim >= 2 x`` the CLIP width,
+``AutoencoderKL.shift_factor`` must be set for SD3/FLUX decoding).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+BOS, EOS = "<|startoftext|>", "<|endoftext|>"
+
+
+def build_clip_tokenizer(corpus: Iterable[str], max_length: int = 16, vocab_size: int = 1000):
+    """A CLIP-format BPE tokenizer trained on ``corpus`` (plus every letter and digit).
+
+    Words seen in the corpus become single tokens; any other text falls back to characters, so
+    arbitrary prompts still tokenize. ``max_length`` is the padded length the SD3 pipeline uses.
+    """
+    from tokenizers import pre_tokenizers, trainers
+    from transformers import CLIPTokenizer
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    seed_vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    seed_vocab[BOS] = len(seed_vocab)
+    seed_vocab[EOS] = len(seed_vocab)
+    backend = CLIPTokenizer(vocab=seed_vocab, merges=[])._tokenizer
+    # single characters as words make every "<char></w>" token exist, so no text is ever unknown
+    extra = list(string.ascii_lowercase + string.digits + string.punctuation)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS],
+        initial_alphabet=alphabet,
+        end_of_word_suffix="</w>",
+        show_progress=False,
+    )
+    backend.train_from_iterator([*corpus, " ".join(extra)], trainer)
+    model = json.loads(backend.to_str())["model"]
+    return CLIPTokenizer(
+        vocab=model["vocab"],
+        merges=[tuple(m) for m in model["merges"]],
+        model_max_length=max_length,
+    )
+
+
+@dataclass(frozen=True)
+class TinySD3Sizes:
+    """Sizes of a tiny SD3. Defaults: the shipped toy model (64x64 images, 16x16x4 latents)."""
+
+    image_size: int = 64
+    vae_channels: tuple[int, ...] = (16, 32, 32)  # 3 blocks: 64 px -> 16 latent px
+    latent_channels: int = 4
+    text_width: int = 64  # each of the two CLIP encoders
+    text_layers: int = 3  # SD3 reads the penultimate hidden state
+    text_projection: int = 32
+    num_layers: int = 4
+    num_heads: int = 4
+    head_dim: int = 32
+    patch_size: int = 2
+    shift: float = 3.0  # SD3 time shift of the scheduler
+
+
+def _clip_text_encoder(tokenizer, sizes: TinySD3Sizes):
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=sizes.text_width,
+        intermediate_size=2 * sizes.text_width,
+        num_hidden_layers=sizes.text_layers,
+        num_attention_heads=max(1, sizes.text_width // 32),
+        max_position_embeddings=tokenizer.model_max_length,
+        projection_dim=sizes.text_projection,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return CLIPTextModelWithProjection(config)
+
+
+def _eval_mode(*modules: torch.nn.Module) -> None:
+    """Built models start in eval mode, as ``from_pretrained`` leaves them."""
+    for module in modules:
+        module.eval()
+
+
+def _t5_encoder(tokenizer, width: int, layers: int):
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(
+        T5Config(
+            vocab_size=len(tokenizer),
+            d_model=width,
+            d_kv=width // 4,
+            d_ff=2 * width,
+            num_layers=layers,
+            num_heads=4,
+            dropout_rate=0.0,  # deterministic forward passes; the pretraining has data enough
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id,
+        )
+    )
+
+
+def build_tiny_sd3_pipeline(tokenizer, sizes: TinySD3Sizes = TinySD3Sizes(), seed: int = 0):
+    """A randomly initialised ``StableDiffusion3Pipeline`` of the real classes.
+
+    All three text encoders are present (two CLIPs and a small T5 sharing the locally trained
+    tokenizer), so ``StableDiffusion3Pipeline.from_pretrained(folder)`` needs no extra arguments.
+    Pass ``max_sequence_length=tokenizer.model_max_length`` when calling the pipeline directly.
+    """
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+
+    torch.manual_seed(seed)
+    n_blocks = len(sizes.vae_channels)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n_blocks,
+        up_block_types=("UpDecoderBlock2D",) * n_blocks,
+        block_out_channels=sizes.vae_channels,
+        layers_per_block=1,
+        latent_channels=sizes.latent_channels,
+        norm_num_groups=16,
+        sample_size=sizes.image_size,
+        scaling_factor=1.0,
+        shift_factor=0.0,  # set from data statistics after VAE training
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
+    text_encoder = _clip_text_encoder(tokenizer, sizes)
+    text_encoder_2 = _clip_text_encoder(tokenizer, sizes)
+    latent_size = sizes.image_size // 2 ** (n_blocks - 1)
+    inner = sizes.num_heads * sizes.head_dim
+    transformer = SD3Transformer2DModel(
+        sample_size=latent_size,
+        patch_size=sizes.patch_size,
+        in_channels=sizes.latent_channels,
+        out_channels=sizes.latent_channels,
+        num_layers=sizes.num_layers,
+        attention_head_dim=sizes.head_dim,
+        num_attention_heads=sizes.num_heads,
+        joint_attention_dim=2 * sizes.text_width,  # the T5 width = the two CLIP widths side by side
+        caption_projection_dim=inner,
+        pooled_projection_dim=2 * sizes.text_projection,
+        pos_embed_max_size=latent_size // sizes.patch_size,
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=sizes.shift)
+    _eval_mode(vae, text_encoder, text_encoder_2, transformer)
+    return StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer,
+        text_encoder_3=_t5_encoder(tokenizer, 2 * sizes.text_width, sizes.text_layers - 1).eval(),
+        tokenizer_3=tokenizer,
+    )
+
+
+def build_tiny_flux_pipeline(tokenizer, seed: int = 0, image_size: int = 32):
+    """A randomly initialised ``FluxPipeline`` of the real classes, with a tiny T5 (for tests)."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(16, 32),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=16,
+        sample_size=image_size,
+        scaling_factor=1.0,
+        shift_factor=0.0,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
+    clip = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=tokenizer.model_max_length,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    t5 = _t5_encoder(tokenizer, 32, 2)
+    _eval_mode(vae, clip, t5)
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,  # 4 x latent channels: FLUX packs 2x2 latent patches
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=(4, 6, 6),
+        guidance_embeds=True,
+    )
+    return FluxPipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0),
+        vae=vae,
+        text_encoder=clip,
+        tokenizer=tokenizer,
+        text_encoder_2=t5,
+        tokenizer_2=tokenizer,
+    )
