@@ -1,0 +1,583 @@
+"""The model-adapter interface shared by every family (SD3, FLUX; Wan later), and its config.
+
+An adapter wraps the real diffusers pipeline of its family (loaded with ``from_pretrained`` from a
+hub id, a local folder or a built-in name) and exposes what the samplers and the learner need, as
+plain functions of tensors:
+
+- ``encode_prompts`` once per prompt -> :class:`Conditioning` (rows gathered per latent later);
+- ``velocity(x, sigma, cond, guidance_scale)``: v ~ noise - data (sigma=1 noise, sigma=0 data),
+  with classifier-free guidance as one batched call ``[uncond; cond]`` exactly as the pipelines do;
+  the same code path serves rollout and training;
+- ``decode`` / ``encode_images`` between latents and images in [0, 1];
+- ``trainable_parameters`` (LoRA through peft, or the whole transformer), ``reference()`` (the
+  reference policy: LoRA disabled, or a frozen copy), ``save_trainable`` / ``load_trainable``.
+
+Family files (``sd3.py``, ``flux.py``) only say how one transformer call is made and how prompts
+are encoded, using the pipeline's own methods. Run the tests with
+``pytest tests/test_models_sd3.py tests/test_models_flux.py tests/test_model_configs.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import glob
+import importlib
+import math
+import os
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar, List, Optional
+
+import torch
+
+from flowgrpo.paths import resolve_pretrained
+
+# Flow-GRPO's LoRA targets: every attention projection of the joint (MM-DiT) blocks. The names are
+# the same in SD3's and FLUX's transformers (FLUX's single-stream blocks have no `to_out`).
+DEFAULT_LORA_TARGETS = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+)
+ADAPTER_NAME = "default"  # the peft adapter flowgrpo trains
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FINETUNE_MODES = ("lora", "full")
+REFERENCE_MODES = ("auto", "adapter_disabled", "frozen_copy", "none")
+_DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+# family name -> "module:Class" (imported on first use, so a family's optional deps stay optional)
+_FAMILIES: dict[str, str] = {
+    "sd3": "flowgrpo.models.sd3:SD3Model",
+    "flux": "flowgrpo.models.flux:FluxModel",
+}
+
+
+@dataclass
+class ModelConfig:
+    """Which model to load and how to fine-tune it (the ``model:`` block of a run config)."""
+
+    family: str = "sd3"  # adapter family: "sd3" (SD3 / SD3.5) | "flux" (FLUX.1); see register_family
+    pretrained: str = "tiny-sd3"  # hub id, local folder saved with save_pretrained, or built-in name
+    revision: Optional[str] = None  # hub revision (branch, tag or commit) of `pretrained`
+    dtype: str = "float32"  # weights dtype of transformer and text encoders: float32 | bfloat16 | float16
+    device: str = "auto"  # "auto" (cuda if available else cpu) | "cpu" | "cuda" | "cuda:1" | "mps"
+    resolution: int = 64  # image height = width in pixels
+    guidance_scale: float = 4.5  # SD3: CFG scale (>1 batches [uncond; cond]); FLUX.1-dev: embedded guidance
+    max_sequence_length: int = 16  # T5 text tokens (tiny model: 16; SD3.5: 256; FLUX: 512)
+    sample_steps: int = 40  # default number of ODE steps for evaluation sampling
+    shift: Optional[float] = None  # time shift sigma -> s*sigma/(1+(s-1)*sigma); None = from the scheduler config
+    attention_backend: str = "native"  # diffusers attention backend; "native" = PyTorch SDPA (always works)
+    finetune: str = "lora"  # "lora" (peft adapter on the transformer) | "full" (every transformer weight)
+    lora_rank: int = 32  # LoRA rank r
+    lora_alpha: float = 64.0  # LoRA alpha; the update is scaled by alpha / r
+    lora_target_modules: List[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))  # module-name suffixes
+    # reference policy: "auto" (adapter_disabled for LoRA, frozen_copy for full) | "adapter_disabled" |
+    # "frozen_copy" (a deep copy of the base transformer) | "none" (no reference, no KL term)
+    reference: str = "auto"
+    gradient_checkpointing: bool = False  # recompute transformer activations in backward to save memory
+
+
+def register_family(name: str, target: str | type) -> None:
+    """Add an adapter family: ``target`` is a FlowModel subclass or a ``"module:Class"`` string."""
+    _FAMILIES[name] = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+
+
+def families() -> list[str]:
+    return sorted(_FAMILIES)
+
+
+def _family_class(name: str) -> type[FlowModel]:
+    module_name, class_name = _FAMILIES[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def attention_backends() -> list[str]:
+    """The backend names diffusers' attention dispatcher knows (availability is checked at load)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    return sorted(b.value for b in AttentionBackendName)
+
+
+def validate_model_config(cfg: Any = None) -> ModelConfig:
+    """Merge a dict / DictConfig / ModelConfig onto the schema and check every value.
+
+    Unknown keys and bad values raise ``ValueError`` naming the key, the allowed values and the fix.
+    """
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if cfg is None:
+        cfg = {}
+    if isinstance(cfg, ModelConfig):
+        cfg = OmegaConf.structured(cfg)
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    if not isinstance(cfg, dict):
+        raise TypeError(f"a model config must be a dict, DictConfig or ModelConfig, got {type(cfg).__name__}")
+    known = [f.name for f in fields(ModelConfig)]
+    for key in cfg:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise ValueError(
+                f"unknown model config key '{key}': {hint}remove it or use one of: {', '.join(known)}"
+            )
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or getattr(err, "key", None)
+        raise ValueError(f"bad model config value for '{key}': {err.msg if hasattr(err, 'msg') else err}") from None
+    config: ModelConfig = OmegaConf.to_object(merged)
+
+    def bad(key: str, allowed: str) -> ValueError:
+        return ValueError(f"model config '{key}' is {getattr(config, key)!r}; allowed: {allowed}")
+
+    if config.family not in _FAMILIES:
+        raise bad("family", ", ".join(families()))
+    if not config.pretrained:
+        raise bad("pretrained", "a hub id, a local folder or a built-in model name")
+    if config.dtype not in DTYPES:
+        raise bad("dtype", ", ".join(DTYPES))
+    if not _DEVICE_PATTERN.match(config.device):
+        raise bad("device", "auto, cpu, cuda, cuda:<index>, mps")
+    for key in ("resolution", "max_sequence_length", "sample_steps", "lora_rank"):
+        if getattr(config, key) < 1:
+            raise bad(key, "an integer >= 1")
+    if not config.guidance_scale >= 0:
+        raise bad("guidance_scale", "a number >= 0 (<= 1 turns SD3's CFG off)")
+    if config.shift is not None and not config.shift > 0:
+        raise bad("shift", "null (read from the scheduler config) or a number > 0")
+    if not config.lora_alpha > 0:
+        raise bad("lora_alpha", "a number > 0")
+    if config.finetune not in FINETUNE_MODES:
+        raise bad("finetune", ", ".join(FINETUNE_MODES))
+    if config.finetune == "lora" and not config.lora_target_modules:
+        raise bad("lora_target_modules", "a non-empty list of module-name suffixes such as 'attn.to_q'")
+    if config.reference not in REFERENCE_MODES:
+        raise bad("reference", ", ".join(REFERENCE_MODES))
+    if config.reference == "adapter_disabled" and config.finetune != "lora":
+        raise ValueError(
+            "model config reference='adapter_disabled' needs finetune='lora' (full fine-tuning has no adapter "
+            "to disable); use reference: frozen_copy (or auto, or none)"
+        )
+    backends = attention_backends()
+    if config.attention_backend not in backends:
+        raise ValueError(
+            f"model config 'attention_backend' is {config.attention_backend!r}; use 'native' (PyTorch SDPA), "
+            f"'xformers' or 'flash' where installed; diffusers knows: {', '.join(backends)}"
+        )
+    return config
+
+
+@dataclass
+class Conditioning:
+    """Text conditioning for P prompts, computed once per prompt (rows are gathered per latent).
+
+    ``negative_*`` is the unconditional embedding (the empty prompt, as the pipelines use) for
+    classifier-free guidance: one row shared by every prompt, or None when the model runs no CFG.
+    """
+
+    prompt_embeds: torch.Tensor  # [P, L, D] text-token embeddings (SD3: CLIP-L|CLIP-G padded ++ T5 tokens; FLUX: T5)
+    pooled_prompt_embeds: Optional[torch.Tensor] = None  # [P, Dp] pooled (SD3: CLIP-L ++ CLIP-G; FLUX: CLIP-L)
+    negative_prompt_embeds: Optional[torch.Tensor] = None  # [1, L, D] unconditional ("" prompt) embeddings, or None
+    negative_pooled_prompt_embeds: Optional[torch.Tensor] = None  # [1, Dp] unconditional pooled embedding, or None
+    text_ids: Optional[torch.Tensor] = None  # [L, 3] FLUX text position ids (shared by all rows); None for SD3
+
+    def __len__(self) -> int:
+        return self.prompt_embeds.shape[0]
+
+    def select(self, index: torch.Tensor) -> Conditioning:
+        """Rows ``index`` ([N] long) for a batch of N latents; shared fields are kept as they are."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.prompt_embeds.device)
+        pooled = self.pooled_prompt_embeds
+        return replace(
+            self,
+            prompt_embeds=self.prompt_embeds.index_select(0, index),
+            pooled_prompt_embeds=None if pooled is None else pooled.index_select(0, index),
+        )
+
+    def to(self, device: torch.device | str) -> Conditioning:
+        def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return None if t is None else t.to(device)
+
+        return Conditioning(*(move(getattr(self, f.name)) for f in fields(self)))
+
+    def unconditional(self) -> Conditioning:
+        """The unconditional rows for this batch: the negative embedding repeated ``len(self)`` times."""
+        if self.negative_prompt_embeds is None:
+            raise ValueError(
+                "this Conditioning has no unconditional embedding; encode prompts with a model whose "
+                "guidance uses classifier-free guidance (SD3, or FLUX without guidance embeddings)"
+            )
+        n = len(self)
+        neg_pooled = self.negative_pooled_prompt_embeds
+        return Conditioning(
+            prompt_embeds=self.negative_prompt_embeds.expand(n, -1, -1),
+            pooled_prompt_embeds=None if neg_pooled is None else neg_pooled.expand(n, -1),
+            text_ids=self.text_ids,
+        )
+
+    def concat(self, other: Conditioning) -> Conditioning:
+        """Rows of ``self`` then rows of ``other`` (the CFG batch ``[uncond; cond]``)."""
+        pooled = None
+        if self.pooled_prompt_embeds is not None:
+            pooled = torch.cat([self.pooled_prompt_embeds, other.pooled_prompt_embeds])
+        return replace(
+            self,
+            prompt_embeds=torch.cat([self.prompt_embeds, other.prompt_embeds]),
+            pooled_prompt_embeds=pooled,
+        )
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+_BACKEND_INSTALL_HINTS = {
+    "xformers": "pip install flowgrpo[gpu]  (xformers; CUDA only)",
+    "flash": "pip install flash-attn",
+    "flash_varlen": "pip install flash-attn",
+    "sage": "pip install sageattention",
+    "sage_varlen": "pip install sageattention",
+}
+
+
+def set_attention_backend(transformer: torch.nn.Module, backend: str) -> None:
+    """Switch ``transformer`` to a diffusers attention backend with diffusers' own switch.
+
+    ``transformer.set_attention_backend`` checks that the backend's package is installed; we add the
+    install hint. Some processors (SD3's joint attention in diffusers 0.42) call PyTorch SDPA
+    directly instead of the dispatcher; for those only "native" and "xformers" (through
+    ``enable_xformers_memory_efficient_attention``) exist, and anything else is refused.
+    """
+    hint = _BACKEND_INSTALL_HINTS.get(backend, "pip install kernels" if backend.endswith("_hub") else None)
+
+    def unusable(err: Exception) -> RuntimeError:
+        install = f"install it ({hint}) or " if hint else ""
+        return RuntimeError(
+            f"attention_backend={backend!r} is not usable here: {err} Fix: {install}set "
+            f"attention_backend: native (PyTorch SDPA, always available)."
+        )
+
+    routed = any(hasattr(getattr(m, "processor", None), "_attention_backend") for m in transformer.modules())
+    if not routed and backend not in ("native", "xformers"):
+        raise ValueError(
+            f"{type(transformer).__name__}'s attention processors do not go through diffusers' attention "
+            f"dispatcher, so attention_backend={backend!r} cannot apply; use 'native' (PyTorch SDPA, which "
+            f"picks flash / memory-efficient kernels itself on GPU) or 'xformers'"
+        )
+    from diffusers.utils import logging as diffusers_logging
+
+    logger = diffusers_logging.get_logger("diffusers.models.modeling_utils")
+    level = logger.level
+    logger.setLevel(diffusers_logging.ERROR)  # silence "attention backends are experimental" on every load
+    try:
+        transformer.set_attention_backend(backend)  # checks the backend's package is installed
+        if not routed and backend == "xformers":
+            transformer.enable_xformers_memory_efficient_attention()
+    except (RuntimeError, ImportError, ValueError) as err:
+        raise unusable(err) from err
+    finally:
+        logger.setLevel(level)
+
+
+class FlowModel:
+    """A flow-matching text-to-image model as functions of tensors (see the module docstring).
+
+    Subclasses set ``pipeline_class`` and implement ``_encode``, ``_transformer_velocity``,
+    ``_uses_cfg``, ``latent_shape`` and ``_image_seq_len``.
+    """
+
+    pipeline_class: ClassVar[type]  # the diffusers pipeline whose components and methods we use
+    _default_max_shift: ClassVar[float] = 1.15  # the pipeline's default for dynamic shifting
+
+    def __init__(self, config: ModelConfig | dict):
+        self.config = validate_model_config(config)
+        cfg = self.config
+        self.device = resolve_device(cfg.device)
+        self.dtype = DTYPES[cfg.dtype]
+        self.pipeline = self.pipeline_class.from_pretrained(
+            resolve_pretrained(cfg.pretrained),
+            revision=cfg.revision,
+            # the VAE stays float32: decoding in bf16 costs image quality, and the VAE is small
+            dtype={"vae": torch.float32, "default": self.dtype},
+        )
+        self.pipeline.set_progress_bar_config(disable=True)
+        self.pipeline.to(self.device)
+        for component in self.pipeline.components.values():
+            if isinstance(component, torch.nn.Module):
+                component.requires_grad_(False).eval()
+        self.transformer = self.pipeline.transformer  # the unwrapped diffusers model
+        self.vae = self.pipeline.vae
+        self._num_train_timesteps = int(self.pipeline.scheduler.config.num_train_timesteps)
+        set_attention_backend(self.transformer, cfg.attention_backend)
+        self.latent_shape()  # fail now if the resolution does not fit the model
+        self.shift: float = float(cfg.shift) if cfg.shift is not None else self._scheduler_shift()
+        self._negative: Optional[tuple] = None  # cached unconditional embedding
+        self._reference_transformer: Optional[torch.nn.Module] = None
+        self._in_reference = False
+        self._setup_finetune()
+        # what velocity() calls for the policy: the trainer may set it to the DDP/FSDP-wrapped
+        # transformer (accelerator.prepare(model.transformer)) so gradients synchronise
+        self.forward_module: torch.nn.Module = self.transformer
+
+    # ---------------------------------------------------------------- set-up
+    def _setup_finetune(self) -> None:
+        cfg = self.config
+        mode = cfg.reference
+        if mode == "auto":
+            mode = "adapter_disabled" if cfg.finetune == "lora" else "frozen_copy"
+        self.reference_mode = mode
+        if mode == "frozen_copy":  # before the adapter is added: the copy is the base model
+            self._reference_transformer = copy.deepcopy(self.transformer).requires_grad_(False).eval()
+        if cfg.finetune == "lora":
+            from diffusers.training_utils import cast_training_params
+            from peft import LoraConfig
+
+            lora = LoraConfig(
+                r=cfg.lora_rank,
+                lora_alpha=cfg.lora_alpha,
+                init_lora_weights="gaussian",  # A ~ N(0, 1/r), B = 0: the adapter starts as the identity
+                target_modules=list(cfg.lora_target_modules),
+            )
+            self.transformer.add_adapter(lora, adapter_name=ADAPTER_NAME)
+            cast_training_params(self.transformer, torch.float32)  # LoRA weights train in fp32
+        else:
+            self.transformer.requires_grad_(True)
+        if cfg.gradient_checkpointing:
+            self.transformer.enable_gradient_checkpointing()
+        self._trainable_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
+
+    def _scheduler_shift(self) -> float:
+        """The time shift the pipeline's scheduler applies at ``config.resolution``."""
+        sched = self.pipeline.scheduler.config
+        if not sched.get("use_dynamic_shifting", False):
+            return float(sched.get("shift", 1.0))
+        # resolution-dependent shift, as the pipelines compute `mu` (their own calculate_shift)
+        calculate_shift = importlib.import_module(self.pipeline_class.__module__).calculate_shift
+        mu = calculate_shift(
+            self._image_seq_len(),
+            sched.get("base_image_seq_len", 256),
+            sched.get("max_image_seq_len", 4096),
+            sched.get("base_shift", 0.5),
+            sched.get("max_shift", self._default_max_shift),
+        )
+        return math.exp(mu) if sched.get("time_shift_type", "exponential") == "exponential" else mu
+
+    # ---------------------------------------------------------------- family hooks
+    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """(prompt_embeds [P, L, D], pooled [P, Dp] or None, text_ids [L, 3] or None) for the prompts."""
+        raise NotImplementedError
+
+    def _uses_cfg(self, guidance_scale: float) -> bool:
+        """Whether ``velocity`` at this scale is the two-pass (batched) classifier-free guidance."""
+        raise NotImplementedError
+
+    def _transformer_velocity(
+        self,
+        transformer: torch.nn.Module,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        cond: Conditioning,
+        guidance_scale: float,
+    ) -> torch.Tensor:
+        """One transformer call: x [B, C, h, w] (model dtype), sigma [B] fp32 -> velocity [B, C, h, w]."""
+        raise NotImplementedError
+
+    def _image_seq_len(self) -> int:
+        raise NotImplementedError
+
+    def latent_shape(self, height: Optional[int] = None, width: Optional[int] = None) -> tuple[int, ...]:
+        """Per-sample (C, h, w) of the unpacked latent for an image of height x width pixels."""
+        raise NotImplementedError
+
+    def _check_resolution(self, height: int, width: int, multiple: int) -> None:
+        if height % multiple or width % multiple:
+            raise ValueError(
+                f"image size {height}x{width} does not fit {type(self).__name__}: height and width must be "
+                f"multiples of {multiple} (VAE factor x patch size); change model.resolution"
+            )
+
+    # ---------------------------------------------------------------- the interface
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], chunk_size: int = 64) -> Conditioning:
+        """Encode prompts once (text encoders are frozen); rows follow the order of ``prompts``."""
+        if isinstance(prompts, str) or not prompts:
+            raise ValueError("encode_prompts takes a non-empty list of prompt strings")
+        parts = [self._encode(list(prompts[i : i + chunk_size])) for i in range(0, len(prompts), chunk_size)]
+        embeds = torch.cat([p[0] for p in parts])
+        pooled = None if parts[0][1] is None else torch.cat([p[1] for p in parts])
+        negative, negative_pooled = None, None
+        if self._cfg_possible():
+            if self._negative is None:
+                neg = self._encode([""])
+                self._negative = (neg[0], neg[1])
+            negative, negative_pooled = self._negative
+        return Conditioning(embeds, pooled, negative, negative_pooled, parts[0][2])
+
+    def _cfg_possible(self) -> bool:
+        """Whether some guidance scale turns CFG on (then prompts carry the unconditional row)."""
+        return self._uses_cfg(2.0)
+
+    def velocity(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor | float,
+        cond: Conditioning,
+        guidance_scale: Optional[float] = None,
+    ) -> torch.Tensor:
+        """Velocity v ~ noise - data, float32 [N, C, h, w], for latents x [N, C, h, w] at sigma [N].
+
+        With CFG on (SD3 and FLUX-without-guidance-embeds when guidance_scale > 1) the unconditional
+        and conditional passes are one batched call ``[uncond; cond]``, combined in float32 as
+        ``v_u + g * (v_c - v_u)``. ``cond`` has one row per latent (``Conditioning.select``).
+        """
+        scale = self.config.guidance_scale if guidance_scale is None else float(guidance_scale)
+        n = x.shape[0]
+        channels, multiple = self.latent_shape()[0], self._latent_multiple()
+        if x.ndim != 4 or x.shape[1] != channels or x.shape[2] % multiple or x.shape[3] % multiple:
+            raise ValueError(
+                f"latents of shape {tuple(x.shape)} do not fit {type(self).__name__}: expected "
+                f"[N, {channels}, h, w] with h and w multiples of {multiple}; use latent_shape() for (C, h, w)"
+            )
+        sigma = torch.as_tensor(sigma, dtype=torch.float32, device=self.device)
+        sigma = sigma.expand(n) if sigma.ndim == 0 else sigma.float()
+        if sigma.shape != (n,):
+            raise ValueError(f"sigma must be a float or a tensor [N]={n}, got shape {tuple(sigma.shape)}")
+        if len(cond) != n:
+            raise ValueError(
+                f"conditioning has {len(cond)} rows for {n} latents; gather one row per latent with "
+                f"cond.select(index) or use velocity_fn"
+            )
+        cond = cond.to(self.device)
+        x = x.to(self.device, self.dtype)
+        transformer = self.forward_module
+        if self._in_reference and self.reference_mode == "frozen_copy":
+            transformer = self._reference_transformer
+        if self._uses_cfg(scale):
+            both = cond.unconditional().concat(cond)
+            out = self._transformer_velocity(transformer, torch.cat([x, x]), torch.cat([sigma, sigma]), both, scale)
+            v_uncond, v_cond = out.float().chunk(2)
+            return v_uncond + scale * (v_cond - v_uncond)
+        return self._transformer_velocity(transformer, x, sigma, cond, scale).float()
+
+    def _latent_multiple(self) -> int:
+        """h and w of a latent must be multiples of this (the transformer's patch size)."""
+        return int(self.transformer.config.patch_size)
+
+    def velocity_fn(self, cond: Conditioning, guidance_scale: Optional[float] = None) -> Callable:
+        """The samplers' convention: ``f(x [N, ...], sigma [N] fp32, cond_index [N] long) -> v``."""
+
+        def f(x: torch.Tensor, sigma: torch.Tensor, cond_index: torch.Tensor) -> torch.Tensor:
+            return self.velocity(x, sigma, cond.select(cond_index), guidance_scale)
+
+        return f
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents [N, C, h, w] -> images float32 [N, 3, H, W] in [0, 1] (as the pipelines decode)."""
+        vae_config = self.vae.config
+        latents = latents.to(self.device, self.vae.dtype) / vae_config.scaling_factor + vae_config.shift_factor
+        images = self.vae.decode(latents, return_dict=False)[0]
+        return self.pipeline.image_processor.postprocess(images, output_type="pt").float()
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """Images [N, 3, H, W] in [0, 1] -> latents float32 [N, C, h, w] (VAE mean, scaled for the transformer)."""
+        vae_config = self.vae.config
+        pixels = self.pipeline.image_processor.normalize(images.to(self.device, self.vae.dtype))
+        latents = self.vae.encode(pixels).latent_dist.mean
+        return ((latents - vae_config.shift_factor) * vae_config.scaling_factor).float()
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimizer updates: LoRA weights (fp32), or every transformer weight."""
+        named = dict(self.transformer.named_parameters())  # looked up by name: survives in-place FSDP2 sharding
+        return [named[n] for n in self._trainable_names]
+
+    @contextmanager
+    def reference(self) -> Iterator[None]:
+        """Inside, ``velocity`` is the reference policy, without gradients (LoRA disabled, or a frozen copy)."""
+        if self.reference_mode == "none":
+            raise RuntimeError(
+                "this model was loaded with reference='none', so it has no reference policy; set "
+                "model.reference: auto to use a KL term against the base model"
+            )
+        if self._in_reference:
+            raise RuntimeError("reference() contexts do not nest")
+        trainable = self.trainable_parameters()
+        requires_grad = [p.requires_grad for p in trainable]
+        self._in_reference = True
+        if self.reference_mode == "adapter_disabled":
+            self.transformer.disable_adapters()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self._in_reference = False
+            if self.reference_mode == "adapter_disabled":
+                self.transformer.enable_adapters()
+                # peft's enable_adapters sets requires_grad on the adapter; restore what it was
+                for p, flag in zip(trainable, requires_grad):
+                    p.requires_grad_(flag)
+
+    def save_trainable(self, folder: str | os.PathLike) -> None:
+        """LoRA: diffusers' LoRA file (loads with ``pipe.load_lora_weights``, alpha kept); full: the transformer."""
+        os.makedirs(folder, exist_ok=True)
+        if self.config.finetune == "full":
+            self.transformer.save_pretrained(folder, safe_serialization=True)
+            return
+        from peft.utils import get_peft_model_state_dict
+
+        metadata = self.transformer.peft_config[ADAPTER_NAME].to_dict()
+        metadata = {k: sorted(v) if isinstance(v, set) else v for k, v in metadata.items()}
+        self.pipeline_class.save_lora_weights(
+            folder,
+            transformer_lora_layers=get_peft_model_state_dict(self.transformer, adapter_name=ADAPTER_NAME),
+            transformer_lora_adapter_metadata=metadata,
+            safe_serialization=True,
+        )
+
+    def load_trainable(self, folder: str | os.PathLike) -> None:
+        """Load what ``save_trainable`` wrote, in place (the optimizer's parameters stay the same objects)."""
+        if self.config.finetune == "full":
+            from safetensors.torch import load_file
+
+            files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+            if not files:
+                raise FileNotFoundError(f"no *.safetensors transformer weights in {folder}")
+            state = {k: v for f in files for k, v in load_file(f).items()}
+            self.transformer.load_state_dict(state, strict=True)
+            return
+        from peft.utils import set_peft_model_state_dict
+
+        state, metadata = self.pipeline_class.lora_state_dict(folder, return_lora_metadata=True)
+        prefix = "transformer."  # diffusers' LoRA files prefix keys and metadata with the component name
+        metadata = {k.removeprefix(prefix): v for k, v in (metadata or {}).items()}
+        for key, want in (("r", self.config.lora_rank), ("lora_alpha", self.config.lora_alpha)):
+            got = metadata.get(key)
+            if got is None or float(got) != float(want):
+                raise ValueError(
+                    f"the LoRA in {folder} has {key}={got} but this model has {key}={want}; set model.lora_rank "
+                    f"and model.lora_alpha to match the saved adapter (or save it with save_trainable)"
+                )
+        state = {k.removeprefix(prefix): v for k, v in state.items()}
+        result = set_peft_model_state_dict(self.transformer, state, adapter_name=ADAPTER_NAME)
+        if result.unexpected_keys:
+            raise ValueError(f"LoRA in {folder} has weights this model does not: {result.unexpected_keys[:5]}")
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        if missing:
+            raise ValueError(f"LoRA in {folder} lacks weights of this model's adapter: {missing[:5]}")
+
+
+def load_model(cfg: ModelConfig | dict) -> FlowModel:
+    """Load the adapter of ``cfg.family`` (components via ``from_pretrained``)."""
+    config = validate_model_config(cfg)
+    return _family_class(config.family)(config)
