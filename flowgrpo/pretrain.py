@@ -95,11 +95,11 @@ class _State:
         return (self.folder / "meta.json").is_file()
 
     def save(self, modules: dict, optimizer, ema: dict | None, meta: dict) -> None:
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file, save_model
 
         def build(tmp: Path) -> None:
             for name, module in modules.items():
-                save_file({k: v.contiguous() for k, v in module.state_dict().items()}, tmp / f"{name}.safetensors")
+                save_model(module, str(tmp / f"{name}.safetensors"))  # handles T5's tied embeddings
             if ema is not None:
                 save_file({k: v.contiguous() for k, v in ema.items()}, tmp / "ema.safetensors")
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -108,10 +108,10 @@ class _State:
         _atomic_save_dir(build, self.folder)
 
     def load(self, modules: dict, optimizer, ema: dict | None) -> dict:
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file, load_model
 
         for name, module in modules.items():
-            module.load_state_dict(load_file(self.folder / f"{name}.safetensors"))
+            load_model(module, str(self.folder / f"{name}.safetensors"))
         if ema is not None:
             ema.update(load_file(self.folder / "ema.safetensors"))
         optimizer.load_state_dict(torch.load(self.folder / "optimizer.pt", weights_only=True))

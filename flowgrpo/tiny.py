@@ -7,16 +7,14 @@ Two uses:
 
 Every component is the real class (``SD3Transformer2DModel``, ``AutoencoderKL``,
 ``CLIPTextModelWithProjection``, ``CLIPTokenizer``, ...); only the sizes are small. Tokenizers are
-CLIP-format byte-level BPE vocabularies trained locally on a word list with the ``tokenizers``
-library, so they save and load with ``save_pretrained`` / ``from_pretrained`` like the real ones.
+CLIP-format byte-level BPE vocabularies learned locally from a word list, so they save and load with ``save_pretrained`` / ``from_pretrained`` like the real ones.
 The size rules come from ENVIRONMENT.md (e.g. ``joint_attention_dim >= 2 x`` the CLIP width,
 ``AutoencoderKL.shift_factor`` must be set for SD3/FLUX decoding).
 """
 
 from __future__ import annotations
 
-import json
-import string
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,36 +23,62 @@ import torch
 BOS, EOS = "<|startoftext|>", "<|endoftext|>"
 
 
-def build_clip_tokenizer(corpus: Iterable[str], max_length: int = 16, vocab_size: int = 1000):
-    """A CLIP-format BPE tokenizer trained on ``corpus`` (plus every letter and digit).
+def _train_bpe(words: Counter) -> list[tuple[str, str]]:
+    """Byte-pair merges learned from word counts until every word is one symbol.
 
-    Words seen in the corpus become single tokens; any other text falls back to characters, so
-    arbitrary prompts still tokenize. ``max_length`` is the padded length the SD3 pipeline uses.
+    Deterministic (ties go to the lexicographically smallest pair); the ``tokenizers`` trainer is
+    not: its tie-breaking follows hash-map order, so two builds gave different vocabularies, and a
+    resumed pretraining would have re-tokenized its prompts differently.
     """
-    from tokenizers import pre_tokenizers, trainers
+    symbols = {w: tuple(w[:-1]) + (w[-1] + "</w>",) for w in words}
+    merges: list[tuple[str, str]] = []
+    while True:
+        pairs: Counter = Counter()
+        for word, seq in symbols.items():
+            for pair in zip(seq, seq[1:]):
+                pairs[pair] += words[word]
+        if not pairs:
+            return merges
+        best = min(pairs, key=lambda pair: (-pairs[pair], pair))
+        merges.append(best)
+        for word, seq in symbols.items():
+            merged, i = [], 0
+            while i < len(seq):
+                if seq[i : i + 2] == best:
+                    merged.append(seq[i] + seq[i + 1])
+                    i += 2
+                else:
+                    merged.append(seq[i])
+                    i += 1
+            symbols[word] = tuple(merged)
+
+
+def build_clip_tokenizer(corpus: Iterable[str], max_length: int = 16):
+    """A CLIP-format byte-level BPE tokenizer whose merges make every corpus word one token.
+
+    The vocabulary holds every byte symbol with and without the end-of-word mark, so any other
+    text still tokenizes (into characters), never into "unknown". ``max_length`` is the padded
+    length the SD3 pipeline uses. The same corpus always gives the same tokenizer.
+    """
+    from tokenizers import pre_tokenizers
     from transformers import CLIPTokenizer
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    seed_vocab = {c: i for i, c in enumerate(sorted(alphabet))}
-    seed_vocab[BOS] = len(seed_vocab)
-    seed_vocab[EOS] = len(seed_vocab)
-    backend = CLIPTokenizer(vocab=seed_vocab, merges=[])._tokenizer
-    # single characters as words make every "<char></w>" token exist, so no text is ever unknown
-    extra = list(string.ascii_lowercase + string.digits + string.punctuation)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[BOS, EOS],
-        initial_alphabet=alphabet,
-        end_of_word_suffix="</w>",
-        show_progress=False,
-    )
-    backend.train_from_iterator([*corpus, " ".join(extra)], trainer)
-    model = json.loads(backend.to_str())["model"]
-    return CLIPTokenizer(
-        vocab=model["vocab"],
-        merges=[tuple(m) for m in model["merges"]],
-        model_max_length=max_length,
-    )
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    for c in alphabet:
+        vocab[c + "</w>"] = len(vocab)
+    # split text exactly as the CLIP tokenizer will (lower-case, words, byte-level symbols)
+    splitter = CLIPTokenizer(vocab={**vocab, BOS: len(vocab), EOS: len(vocab) + 1}, merges=[])._tokenizer
+    words: Counter = Counter()
+    for text in corpus:
+        normalized = splitter.normalizer.normalize_str(text) if splitter.normalizer else text.lower()
+        words.update(piece for piece, _ in splitter.pre_tokenizer.pre_tokenize_str(normalized))
+    merges = _train_bpe(words)
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    vocab[BOS] = len(vocab)
+    vocab[EOS] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
 
 
 @dataclass(frozen=True)

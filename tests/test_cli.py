@@ -1,0 +1,61 @@
+"""The `flowgrpo` command: eval prints the JSON summary; bad input names the fix."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flowgrpo.cli import main
+from flowgrpo.paths import builtin_models
+
+needs_shipped = pytest.mark.skipif("tiny-sd3" not in builtin_models(), reason="shipped tiny model not built")
+
+
+@needs_shipped
+def test_eval_prints_summary_with_scores_per_task(capsys, tmp_path):
+    assert main(["eval", "--limit", "12", "--steps", "4", "--save-images", str(tmp_path / "imgs"),
+                 "--output", str(tmp_path / "s.json")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    for key in ("mean_score", "strict_accuracy", "per_task", "num_images", "seconds"):
+        assert key in summary
+    assert summary["num_images"] == 12 and 0.0 <= summary["mean_score"] <= 1.0
+    assert json.loads((tmp_path / "s.json").read_text()) == summary
+    assert len(list((tmp_path / "imgs").glob("*.png"))) == 12
+
+
+@needs_shipped
+def test_eval_reads_txt_and_jsonl_prompt_files(capsys, tmp_path):
+    txt = tmp_path / "p.txt"
+    txt.write_text("a photo of a red circle\n\na photo of two squares\n")
+    main(["eval", "--prompts", str(txt), "--steps", "2"])
+    assert json.loads(capsys.readouterr().out)["num_images"] == 2
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(json.dumps({"prompt": "a photo of a blue square", "metadata": {"task": "colors"}}) + "\n")
+    main(["eval", "--prompts", str(jsonl), "--steps", "2"])
+    assert list(json.loads(capsys.readouterr().out)["per_task"]) == ["colors"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["eval", "--prompts", "nope.txt"], "neither 'toy-eval'"),
+        (["eval", "--model", "no_such_model"], "is not a YAML file nor one of"),
+    ],
+)
+def test_bad_input_names_the_fix(argv, message):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert message in str(info.value)
+
+
+def test_bad_jsonl_line_is_reported_with_its_number(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a photo of a circle"}\n{oops\n')
+    with pytest.raises(SystemExit, match=r"bad.jsonl:2 is not valid JSON"):
+        main(["eval", "--prompts", str(bad)])
+
+
+def test_console_script_help_lists_the_subcommands():
+    result = subprocess.run([sys.executable, "-m", "flowgrpo.cli", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "eval" in result.stdout and "pretrain-toy" in result.stdout
