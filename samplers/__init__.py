@@ -1,0 +1,83 @@
+"""samplers: transition kernels, ODE solvers, rollout plans and their schedules, the tree executor and
+the trajectory record — every GRPO method for flow models as a plan run by one engine (torch only).
+
+    from samplers import method_schedule, rollout, time_grid, sample_ode
+    plan = method_schedule("mixgrpo").plan(iteration)
+    record = rollout(velocity, plan, prompt_ids=ids, latent_shape=(16, 8, 8), seed=0, iteration=iteration)
+
+``velocity(x [N, *latent], sigma [N] float32, cond_index [N] long) -> v [N, *latent]`` is the one
+model interface. Formulas: ../shared/MATH.md §1–2; architecture and contracts: docs/samplers.md.
+"""
+
+from samplers.executor import rollout, sample_endpoints
+from samplers.grids import derive_seed, flash_grid, flash_steps, make_generator, shift_sigmas, time_grid
+from samplers.kernels import (
+    DEFAULT_ETA,
+    KERNEL_NAMES,
+    KERNELS,
+    Transition,
+    compute_dtype,
+    cps,
+    dance_sde,
+    flow_sde,
+    get_kernel,
+    kernel_coefficients,
+    log_prob,
+    ode,
+    sage_sde,
+    transition,
+)
+from samplers.plans import METHOD_PRESETS, Plan, StepSpec, compose_plan
+from samplers.schedules import WINDOW_STRATEGIES, PlanSchedule, WindowSchedule, method_schedule
+from samplers.solvers import (
+    SOLVER_NAMES,
+    data_prediction,
+    dpmpp_2m_step,
+    euler_step,
+    ode_step,
+    sample_ode,
+)
+from samplers.trajectory import Endpoints, NFECounter, Trajectory, score_transitions
+
+__all__ = [
+    "DEFAULT_ETA",
+    "Endpoints",
+    "KERNELS",
+    "KERNEL_NAMES",
+    "METHOD_PRESETS",
+    "NFECounter",
+    "Plan",
+    "PlanSchedule",
+    "SOLVER_NAMES",
+    "StepSpec",
+    "Trajectory",
+    "Transition",
+    "WINDOW_STRATEGIES",
+    "WindowSchedule",
+    "compose_plan",
+    "compute_dtype",
+    "cps",
+    "dance_sde",
+    "data_prediction",
+    "derive_seed",
+    "dpmpp_2m_step",
+    "euler_step",
+    "flash_grid",
+    "flash_steps",
+    "flow_sde",
+    "get_kernel",
+    "kernel_coefficients",
+    "log_prob",
+    "make_generator",
+    "method_schedule",
+    "ode",
+    "ode_step",
+    "rollout",
+    "sage_sde",
+    "sample_endpoints",
+    "sample_ode",
+    "score_transitions",
+    "shift_sigmas",
+    "time_grid",
+    "transition",
+]

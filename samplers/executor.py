@@ -1,0 +1,372 @@
+"""The executor: runs a plan for a batch of prompts as a tree of states, level by level.
+
+    record = rollout(velocity, plan, prompt_ids=[17, 42], latent_shape=(16, 8, 8), seed=0,
+                     iteration=n)
+
+Every node of a level sits at the same σ, so each level is **one** batched velocity call (split into
+chunks of at most ``max_batch`` rows). Then each edge group of the step (tree.py) applies its kernel:
+ODE groups use the step's solver (DPM-Solver++(2M) gets every node's previous x̂0, SDE steps
+included); SDE groups draw x' = μ + s·ε, round it to the storage dtype, and — if the step is trained —
+score the stored x' with ``log_prob`` (ratio == 1 contract). Only trained transitions are stored.
+
+Determinism: initial noise, step noise and DanceGRPO's training subsets each come from their own
+``torch.Generator`` seeded by (stream, run seed, iteration, global prompt id, node id) (grids.py), so
+a trajectory does not depend on the batch composition, the chunk size, or how prompts are split
+across processes (pass the global ``prompt_ids``). Noise is drawn on the CPU in float32 and moved to
+the device, so CPU and GPU rollouts draw the same numbers.
+
+``sample_endpoints`` runs the same plan without log-probs or stored transitions and returns only x_T
+and x_0 of every leaf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from samplers.grids import (
+    STREAM_INITIAL_NOISE,
+    STREAM_STEP_NOISE,
+    STREAM_TRAIN_SUBSET,
+    make_generator,
+    seed_prefix,
+)
+from samplers.kernels import KERNEL_NAMES, _column, compute_dtype, get_kernel, log_prob
+from samplers.plans import Plan
+from samplers.solvers import Velocity, call_velocity, data_prediction, ode_step
+from samplers.trajectory import Endpoints, NFECounter, Trajectory
+from samplers.tree import EdgeGroup, template_for
+
+_RECORD_FIELDS = (
+    "state", "next_state", "log_prob", "mean", "sigma", "sigma_next", "eta", "kernel", "step",
+    "prompt", "parent", "node", "group", "loss_weight",
+)
+
+
+def _tile(local: torch.Tensor, width: int, num_prompts: int, device) -> torch.Tensor:
+    """Per-prompt positions [E] → batch rows [P·E] for prompt-major levels of ``width`` nodes."""
+    base = torch.arange(num_prompts, device=device).unsqueeze(1) * width
+    return (base + local.to(device).unsqueeze(0)).reshape(-1)
+
+
+class _Run:
+    """State of one rollout; ``run()`` walks the levels."""
+
+    def __init__(self, velocity, plan, prompt_ids, latent_shape, seed, iteration, cond_index,
+                 dtype, device, max_batch, store_mean, reduce, keep_record):
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a samplers.Plan, got {type(plan).__name__}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"storage dtype must be floating point, got {dtype}")
+        if reduce not in ("mean", "sum"):
+            raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}")
+        self.latent = tuple(int(d) for d in latent_shape)
+        if not self.latent:
+            raise ValueError("latent_shape must be the per-sample shape, e.g. (C, H, W) or (C, F, H, W)")
+        self.ids = [int(p) for p in torch.as_tensor(prompt_ids).reshape(-1).tolist()]
+        self.P = len(self.ids)
+        if self.P == 0:
+            raise ValueError("rollout needs at least one prompt")
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        cond = torch.arange(self.P) if cond_index is None else torch.as_tensor(cond_index)
+        if cond.shape != (self.P,):
+            raise ValueError(f"cond_index must give one conditioning row per prompt [{self.P}]")
+        self.cond = cond.to(device=self.device, dtype=torch.long)
+        self.velocity, self.plan, self.tpl = velocity, plan, template_for(plan)
+        self.seed, self.iteration = int(seed), int(iteration)
+        self.dtype, self.cdtype = dtype, compute_dtype(dtype)
+        self.max_batch, self.store_mean, self.reduce = max_batch, store_mean, reduce
+        self.keep_record = keep_record
+        self.sig = [float(s) for s in plan.sigmas.to(torch.float32)]
+        self.nfe = NFECounter()
+        self.rows: dict[str, list] = {k: [] for k in _RECORD_FIELDS}
+
+    # -- random draws ------------------------------------------------------------------------
+    def initial_noise(self) -> torch.Tensor:
+        R, shared = self.plan.roots_per_prompt, self.plan.initial_noise == "shared"
+        out = torch.empty((self.P * R,) + self.latent, dtype=torch.float32)
+        for p, pid in enumerate(self.ids):
+            for r in range(R):
+                if shared and r > 0:
+                    out[p * R + r] = out[p * R]
+                    continue
+                gen = make_generator(STREAM_INITIAL_NOISE, self.seed, self.iteration, pid, 0 if shared else r)
+                torch.randn(self.latent, generator=gen, out=out[p * R + r])
+        return out.to(device=self.device, dtype=self.dtype)
+
+    def subset_mask(self) -> torch.Tensor | None:
+        """[P, R, T] bool: DanceGRPO's per-root random subset of trained steps (None: no subset)."""
+        m = self.plan.train_subset
+        if m is None:
+            return None
+        R, T = self.plan.roots_per_prompt, self.plan.num_steps
+        candidates = torch.tensor([i for i, s in enumerate(self.plan.steps) if s.trained])
+        mask = torch.zeros((self.P, R, T), dtype=torch.bool)
+        for p, pid in enumerate(self.ids):
+            for r in range(R):
+                gen = make_generator(STREAM_TRAIN_SUBSET, self.seed, self.iteration, pid, r)
+                mask[p, r, candidates[torch.randperm(len(candidates), generator=gen)[:m]]] = True
+        return mask.to(self.device)
+
+    def step_noise(self, eg: EdgeGroup, node_ids: list[int], gens: dict) -> torch.Tensor:
+        """ε [P·E, fanout, *latent] (compute dtype) for the parents of ``eg``; one generator per
+        (prompt, node), shared by the node's main and side draws in that order."""
+        correlated = eg.kind == "main" and eg.fanout > 1 and eg.split_noise == "correlated"
+        draws = eg.fanout + 1 if correlated else eg.fanout
+        parents = eg.parents.tolist()
+        raw = torch.empty((self.P * len(parents), draws) + self.latent, dtype=torch.float32)
+        row = 0
+        for p, pid in enumerate(self.ids):
+            prefix = seed_prefix(STREAM_STEP_NOISE, self.seed, self.iteration, pid)
+            for k in parents:
+                gen = gens.get((p, k))
+                if gen is None:
+                    gen = gens[(p, k)] = make_generator(node_ids[k], prefix=prefix)
+                torch.randn((draws,) + self.latent, generator=gen, out=raw[row])
+                row += 1
+        raw = raw.to(device=self.device, dtype=self.cdtype)
+        if eg.kind != "main" or eg.fanout == 1 or eg.split_noise == "independent":
+            return raw
+        c = eg.split_noise_scale
+        if eg.split_noise == "scaled_compat":  # public BranchGRPO code: c·η_b, scored with s
+            return raw * c
+        return (raw[:, :1] + c * raw[:, 1:]) / math.sqrt(1.0 + c * c)
+
+    # -- one edge group ----------------------------------------------------------------------
+    def rows_of(self, i: int, g: int, eg: EdgeGroup) -> dict:
+        """Batch-row indices of edge group g of step i for P prompts (cached on the template)."""
+        key = (self.P, str(self.device), i, g)
+        if key not in self.tpl.batch_cache:
+            tpl, P, dev, F = self.tpl, self.P, self.device, eg.fanout
+            n, n_next = len(tpl.levels[i].node_id), len(tpl.levels[i + 1].node_id)
+            first = _tile(eg.first_child, n_next, P, dev)
+            child_local = (eg.first_child.unsqueeze(1) + torch.arange(F)).reshape(-1)
+            child_ids = tpl.levels[i + 1].node_id[child_local].repeat(P).to(dev)
+            prompt = torch.arange(P, device=dev).repeat_interleave(len(eg.parents) * F)
+            parents = _tile(eg.parents, n, P, dev)
+            self.tpl.batch_cache[key] = dict(
+                parents=parents,  # [P·E] rows of level i
+                all_parents=len(eg.parents) == n,  # parents are the whole level, in order
+                all_children=F == 1 and len(eg.parents) == n_next,  # children too (chains)
+                children=(first.unsqueeze(1) + torch.arange(F, device=dev)).reshape(-1),  # [P·E·F]
+                prompt=prompt,  # [P·E·F]
+                parent_ids=tpl.levels[i].node_id[eg.parents].repeat_interleave(F).repeat(P).to(dev),
+                child_ids=child_ids,
+                group=prompt * tpl.groups_per_prompt + tpl.node_group[child_ids.cpu()].to(dev),
+                roots=tpl.levels[i].root[eg.parents].repeat_interleave(F).repeat(P).to(dev),
+            )
+        return self.tpl.batch_cache[key]
+
+    def apply(self, i, g, eg, x, v, x_next, hist, prev_sigma, gens, subset):
+        rows = self.rows_of(i, g, eg)
+        par = rows["parents"]
+        if rows["all_parents"]:  # chains: no gather
+            xs, vs = x, v
+        else:
+            xs, vs = x.index_select(0, par), v.index_select(0, par)
+        sigma, sigma_next = self.sig[i], self.sig[i + 1]
+        if eg.kernel == "ode":
+            if hist is None:
+                out = ode_step(eg.solver, xs, vs, sigma, sigma_next)
+            else:
+                out = ode_step(eg.solver, xs, vs, sigma, sigma_next, prev_sigma, hist.index_select(0, par))
+            return self.place(x_next, rows, out.to(self.dtype))
+        mean, std = get_kernel(eg.kernel)(xs, vs, sigma, sigma_next, eg.eta)
+        noise = self.step_noise(eg, self.tpl.levels[i].node_id.tolist(), gens)
+        drawn = mean.unsqueeze(1) + _column(std, mean).unsqueeze(1) * noise
+        stored = drawn.to(self.dtype).flatten(0, 1)  # [P·E·F, *latent], x' in its storage dtype
+        x_next = self.place(x_next, rows, stored)
+        if not (self.keep_record and eg.trained):
+            return x_next
+        F = eg.fanout
+        per_child = (lambda t: t) if F == 1 else (lambda t: t.repeat_interleave(F, 0))  # noqa: E731
+        mean_rows, std_rows = per_child(mean), per_child(std)
+        cols = dict(
+            state=per_child(xs),
+            next_state=stored,
+            mean=mean_rows if self.store_mean else None,
+            prompt=rows["prompt"],
+            parent=rows["parent_ids"],
+            node=rows["child_ids"],
+            group=rows["group"],
+        )
+        if subset is not None:  # chains only (F = 1): the root's random subset of steps
+            keep = subset[rows["prompt"], rows["roots"], i]
+            cols = {k: (c[keep] if c is not None else None) for k, c in cols.items()}
+            mean_rows, std_rows = mean_rows[keep], std_rows[keep]
+        m = cols["prompt"].shape[0]
+        if m == 0:  # DanceGRPO: no root trains this step
+            return x_next
+        cols["log_prob"] = log_prob(cols["next_state"], mean_rows, std_rows, self.reduce)
+        full = lambda value, dt: torch.full((m,), value, dtype=dt, device=self.device)  # noqa: E731
+        cols.update(
+            sigma=full(sigma, torch.float32),
+            sigma_next=full(sigma_next, torch.float32),
+            eta=full(eg.eta, torch.float32),
+            kernel=full(KERNEL_NAMES.index(eg.kernel), torch.long),
+            step=full(i, torch.long),
+            loss_weight=full(eg.loss_weight, torch.float32),
+        )
+        for k, c in cols.items():
+            self.rows[k].append(c)
+        return x_next
+
+    def place(self, x_next, rows, values):
+        """Write a group's children into the next level ([P·n_{i+1}, *latent]; None until first use)."""
+        if rows["all_children"]:  # the group makes the whole next level, in order
+            return values
+        if x_next is None:
+            x_next = values.new_empty((self.P * self.n_next,) + self.latent)
+        return x_next.index_copy_(0, rows["children"], values)
+
+    # -- the walk ----------------------------------------------------------------------------
+    def run(self):
+        tpl, P = self.tpl, self.P
+        with torch.no_grad():
+            roots = self.initial_noise()
+            subset = self.subset_mask() if self.keep_record else None
+            x, hist, prev_sigma = roots, None, None
+            for i in range(self.plan.num_steps):
+                level, nxt = tpl.levels[i], tpl.levels[i + 1]
+                n = len(level.node_id)
+                cond_rows = self.cond.repeat_interleave(n)
+                v = call_velocity(self.velocity, x, self.sig[i], cond_rows, self.max_batch)
+                for category, count in level.category.items():
+                    self.nfe.add(category, count * P)
+                x_next, gens, self.n_next = None, {}, len(nxt.node_id)
+                for g, eg in enumerate(tpl.edges[i]):
+                    x_next = self.apply(i, g, eg, x, v, x_next, hist, prev_sigma, gens, subset)
+                if tpl.needs_history[i]:  # children inherit their parent's x̂0 (SDE steps too)
+                    parent_rows = _tile(nxt.parent_pos, n, P, self.device)
+                    hist = data_prediction(x, v, self.sig[i]).index_select(0, parent_rows)
+                    prev_sigma = self.sig[i]
+                else:
+                    hist, prev_sigma = None, None
+                x = x_next
+        return roots, x
+
+    def leaves(self):
+        tpl, P = self.tpl, self.P
+        last = tpl.levels[-1]
+        prompt = torch.arange(P, device=self.device).repeat_interleave(len(last.node_id))
+        node = last.node_id.to(self.device).repeat(P)
+        group = prompt * tpl.groups_per_prompt + tpl.node_group.to(self.device)[node]
+        root = prompt * self.plan.roots_per_prompt + last.root.to(self.device).repeat(P)
+        return prompt, node, group, root
+
+    def records(self, roots, final) -> Trajectory:
+        tpl = self.tpl
+        if self.rows["log_prob"]:
+            # rows are appended step by step and the record is sorted by (prompt, node): each chunk
+            # is written once, straight into its sorted rows (cat + index_select copies twice)
+            keys = torch.cat(self.rows["prompt"]) * tpl.node_parent.numel() + torch.cat(self.rows["node"])
+            order = torch.argsort(keys, stable=True)
+            positions = torch.arange(len(keys), device=keys.device)
+            in_order = torch.equal(order, positions)  # e.g. P = 1: already sorted, a plain cat
+            dest = torch.empty_like(order)
+            dest[order] = positions
+            cols = {}
+            for k, chunks in self.rows.items():
+                if chunks[0] is None or in_order:
+                    cols[k] = None if chunks[0] is None else torch.cat(chunks)
+                    continue
+                out = chunks[0].new_empty((len(keys),) + tuple(chunks[0].shape[1:]))
+                start = 0
+                for chunk in chunks:
+                    out.index_copy_(0, dest[start : start + len(chunk)], chunk)
+                    start += len(chunk)
+                cols[k] = out
+        else:  # nothing trained (e.g. an evaluation plan): empty, correctly shaped tensors
+            empty = lambda dt, *shape: torch.empty((0,) + shape, dtype=dt, device=self.device)  # noqa: E731
+            cols = {k: empty(torch.long) for k in _RECORD_FIELDS}
+            cols.update(state=empty(self.dtype, *self.latent), next_state=empty(self.dtype, *self.latent),
+                        log_prob=empty(self.cdtype), sigma=empty(torch.float32),
+                        sigma_next=empty(torch.float32), eta=empty(torch.float32),
+                        loss_weight=empty(torch.float32),
+                        mean=empty(self.cdtype, *self.latent) if self.store_mean else None)
+        prompt, node, group, root = self.leaves()
+        return Trajectory(
+            sigmas=self.plan.sigmas.clone(),
+            reduce=self.reduce,
+            cond_index=self.cond[cols["prompt"]],
+            leaf_state=final,
+            leaf_prompt=prompt,
+            leaf_node=node,
+            leaf_group=group,
+            leaf_root=root,
+            root_state=roots,
+            node_parent=tpl.node_parent.clone(),
+            node_depth=tpl.node_depth.clone(),
+            node_group=tpl.node_group.clone(),
+            prompt_ids=torch.tensor(self.ids, dtype=torch.long),
+            prompt_cond=self.cond.clone(),
+            groups_per_prompt=tpl.groups_per_prompt,
+            nfe=self.nfe.as_dict(),
+            **cols,
+        )
+
+
+def _run(velocity, plan, keep_record, nfe, **kwargs):
+    run = _Run(velocity, plan, keep_record=keep_record, **kwargs)
+    roots, final = run.run()
+    if nfe is not None:
+        for category, count in run.nfe.as_dict().items():
+            nfe.add(category, count)
+    return run, roots, final
+
+
+def rollout(
+    velocity: Velocity,
+    plan: Plan,
+    *,
+    prompt_ids,
+    latent_shape,
+    seed: int,
+    iteration: int = 0,
+    cond_index=None,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+    max_batch: int | None = None,
+    store_mean: bool = False,
+    reduce: str = "mean",
+    nfe: NFECounter | None = None,
+) -> Trajectory:
+    """Run ``plan`` for prompts ``prompt_ids`` [P] (their global indices: a seed part) and return the
+    trajectory record. ``velocity(x [N, *latent], sigma [N] float32, cond_index [N] long)`` gets
+    ``cond_index[p]`` (default p) for rows of prompt p. ``dtype`` is the storage dtype of states;
+    ``store_mean`` keeps μ_old per trained transition; ``nfe`` (optional) accumulates forwards."""
+    run, roots, final = _run(
+        velocity, plan, True, nfe, prompt_ids=prompt_ids, latent_shape=latent_shape, seed=seed,
+        iteration=iteration, cond_index=cond_index, dtype=dtype, device=device,
+        max_batch=max_batch, store_mean=store_mean, reduce=reduce,
+    )
+    return run.records(roots, final)
+
+
+def sample_endpoints(
+    velocity: Velocity,
+    plan: Plan,
+    *,
+    prompt_ids,
+    latent_shape,
+    seed: int,
+    iteration: int = 0,
+    cond_index=None,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+    max_batch: int | None = None,
+    nfe: NFECounter | None = None,
+) -> Endpoints:
+    """Log-prob-free rollout of ``plan``: x_T and x_0 of every leaf, nothing else (same draws as
+    ``rollout`` with the same arguments, so the same x_0)."""
+    run, roots, final = _run(
+        velocity, plan, False, nfe, prompt_ids=prompt_ids, latent_shape=latent_shape, seed=seed,
+        iteration=iteration, cond_index=cond_index, dtype=dtype, device=device,
+        max_batch=max_batch, store_mean=False, reduce="mean",
+    )
+    prompt, node, group, root = run.leaves()
+    return Endpoints(roots.index_select(0, root), final, prompt, node, group, run.nfe.as_dict())
+
+
+__all__ = ["rollout", "sample_endpoints"]

@@ -1,0 +1,129 @@
+"""Time grids and seed derivation: the two pure functions every rollout starts from.
+
+Time grids (MATH.md §0): flow time σ runs from 1 (noise) to 0 (data). ``time_grid`` is the SD3 grid:
+``T + 1`` points linear in an unshifted time t = 1 − i/T, mapped through the time shift
+σ = k·t / (1 + (k − 1)·t). It is returned in **float64**; the executor, ``sample_ode`` and the
+trajectory record cast it to float32 once, and those float32 values are the σ the model sees and the
+kernels use (the record stores them, so the training recompute uses the very same numbers).
+
+``flash_grid`` is MixGRPO-Flash's grid: the original points up to the end of the SDE window, then
+the remaining stretch re-gridded with ⌈(T − l − w)·r̃⌉ steps, linear in the unshifted time.
+
+Seeds (DESIGN.md contract 5): every random draw of a rollout comes from its own ``torch.Generator``
+seeded by ``derive_seed(stream, run_seed, iteration, prompt_id, node_id)``: the parts are folded
+left to right through the splitmix64 finaliser (h ← mix64(h XOR part), starting from a fixed
+constant, parts taken modulo 2^64) and the top bit is cleared. Draws therefore depend only on
+those integers, never on batch composition, chunk size or how prompts are split across processes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+_SEED_BASIS = 0x6A09E667F3BCC908  # first 64 bits of frac(sqrt(2)); any fixed constant works
+
+# Independent random streams of one rollout (first part of every derived seed).
+STREAM_INITIAL_NOISE = 1  # x_T of a root (or of a group of roots sharing it)
+STREAM_STEP_NOISE = 2  # ε of the transition out of one node
+STREAM_TRAIN_SUBSET = 3  # DanceGRPO's random subset of trained steps, per root
+STREAM_WINDOW = 4  # random window starts (Flow-GRPO-Fast, MixGRPO "random")
+
+
+def _mix64(z: int) -> int:
+    """splitmix64 finaliser: a bijection of 64-bit integers with good avalanche."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def fold_seed(state: int, *parts: int) -> int:
+    """Continue the left fold of ``derive_seed`` from ``state`` (a prefix computed once)."""
+    for part in parts:
+        state = _mix64(state ^ (int(part) & _MASK64))
+    return state
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed that is a pure function of the integer ``parts`` (order matters)."""
+    return fold_seed(_SEED_BASIS, *parts) & ((1 << 63) - 1)
+
+
+def seed_prefix(*parts: int) -> int:
+    """Fold state after ``parts``: ``derive_seed(*a, *b) == finish_seed(seed_prefix(*a), *b)``."""
+    return fold_seed(_SEED_BASIS, *parts)
+
+
+def finish_seed(prefix: int, *parts: int) -> int:
+    return fold_seed(prefix, *parts) & ((1 << 63) - 1)
+
+
+def make_generator(*parts: int, prefix: int | None = None) -> torch.Generator:
+    """A CPU generator seeded by ``derive_seed(*parts)`` (CPU so draws match on every device);
+    with ``prefix`` = ``seed_prefix(*first_parts)`` it seeds ``derive_seed(*first_parts, *parts)``."""
+    generator = torch.Generator(device="cpu")
+    seed = derive_seed(*parts) if prefix is None else finish_seed(prefix, *parts)
+    generator.manual_seed(seed)
+    return generator
+
+
+def shift_sigmas(t: torch.Tensor, shift: float) -> torch.Tensor:
+    """SD3 time shift σ = k·t / (1 + (k − 1)·t); ``shift = 1`` is the identity."""
+    if shift <= 0:
+        raise ValueError(f"time shift must be > 0, got {shift}")
+    return shift * t / (1.0 + (shift - 1.0) * t)
+
+
+def time_grid(num_steps: int, shift: float = 3.0) -> torch.Tensor:
+    """σ grid [num_steps + 1] float64 from 1 to 0 (σ_0 = 1, σ_T = 0) with the SD3 time shift."""
+    if int(num_steps) != num_steps or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive integer, got {num_steps}")
+    t = torch.linspace(1.0, 0.0, int(num_steps) + 1, dtype=torch.float64)
+    sigmas = shift_sigmas(t, shift)
+    sigmas[0], sigmas[-1] = 1.0, 0.0  # exact endpoints whatever the rounding of the shift
+    return sigmas
+
+
+def flash_steps(num_steps: int, window_end: int, ratio: float) -> int:
+    """Number of steps of MixGRPO-Flash's grid: l + w + ⌈(T − l − w)·r̃⌉ (window_end = l + w)."""
+    if not 0 < ratio <= 1:
+        raise ValueError(f"post-window compress ratio must be in (0, 1], got {ratio}")
+    if not 0 <= window_end <= num_steps:
+        raise ValueError(f"window end {window_end} must lie in [0, {num_steps}]")
+    tail = num_steps - window_end
+    # the small epsilon keeps ⌈·⌉ from rounding an exact product like 15·0.4 = 6.000000000000001 up
+    return window_end + (math.ceil(tail * ratio - 1e-9) if tail else 0)
+
+
+def flash_grid(num_steps: int, shift: float, window_end: int, ratio: float) -> torch.Tensor:
+    """MixGRPO-Flash σ grid [flash_steps + 1] float64: original points up to ``window_end``, then the
+    rest of the way to σ = 0 re-gridded with ⌈(T − window_end)·ratio⌉ steps, linear in unshifted t."""
+    total = flash_steps(num_steps, window_end, ratio)
+    head = time_grid(num_steps, shift)[: window_end + 1]
+    tail_steps = total - window_end
+    if tail_steps == 0:
+        return head
+    t_start = 1.0 - window_end / num_steps
+    t_tail = torch.linspace(t_start, 0.0, tail_steps + 1, dtype=torch.float64)[1:]
+    tail = shift_sigmas(t_tail, shift)
+    tail[-1] = 0.0
+    return torch.cat([head, tail])
+
+
+__all__ = [
+    "STREAM_INITIAL_NOISE",
+    "STREAM_STEP_NOISE",
+    "STREAM_TRAIN_SUBSET",
+    "STREAM_WINDOW",
+    "derive_seed",
+    "finish_seed",
+    "flash_grid",
+    "flash_steps",
+    "make_generator",
+    "seed_prefix",
+    "shift_sigmas",
+    "time_grid",
+]

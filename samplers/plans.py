@@ -1,0 +1,355 @@
+"""Rollout plans: which step does what, for one training iteration (MATH.md §2, DESIGN.md "Plan").
+
+A ``Plan`` is a frozen record: the σ grid, one ``StepSpec`` per step, the number of roots per prompt
+and how their initial noise is shared. Every node of the rollout tree is on the *main lane* or on a
+*side lane*:
+- main-lane nodes take the step's ``kernel`` (ODE or an SDE kernel); a split step (``branch`` = K)
+  gives each of them K children with shared μ and (by default) correlated noise;
+- a step with ``side`` = K also spawns K side children from each main node, drawn with
+  ``side_kernel`` (TempFlow's one-step SDE branches); side-lane nodes then follow the ODE (the
+  step's ``solver``) to the end and are never trained.
+Chains, windows, splits and side branches are all edges of that one tree, so one executor runs them.
+
+``compose_plan`` builds every published method from a handful of orthogonal options (kernel, SDE
+window, Flash post-window compression, split points, side branches, training subset); the presets in
+``METHOD_PRESETS`` are just argument sets for it, and they compose: a BranchGRPO tree with a MixGRPO
+window and the sage_sde kernel is ``compose_plan(20, kernel="sage_sde", splits=(0, 3, 6, 9),
+window=(l, 4))``. Plans that move with training come from ``samplers.schedules``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from samplers.grids import flash_grid, time_grid
+from samplers.kernels import DEFAULT_ETA, KERNEL_NAMES, kernel_coefficients
+from samplers.solvers import SOLVER_NAMES
+
+SPLIT_NOISE_MODES = ("correlated", "independent", "scaled_compat")
+INITIAL_NOISE_MODES = ("shared", "independent")
+SIDE_WEIGHTS = ("none", "noise_aware", "noise_aware_mean_one")
+NFE_CATEGORIES = ("rollout", "probe")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What one step σ → σ' does to the nodes that reach it.
+
+    Split noise (``branch`` > 1): ``correlated`` (BranchGRPO paper) gives child b the noise
+    ξ_b = (ξ_0 + c·η_b)/√(1 + c²), c = ``split_noise_scale``, each child N(μ, s²) marginally;
+    ``independent`` draws each child alone; ``scaled_compat`` reproduces the public BranchGRPO code:
+    x' = μ + s·c·η_b scored with the unscaled s (not a true density; for comparisons only)."""
+
+    kernel: str = "ode"  # main-lane kernel: one of KERNEL_NAMES
+    eta: float = 0.0  # noise level of that kernel
+    solver: str = "euler"  # ODE solver of this step for main ODE steps and for side lanes
+    trained: bool = False  # main-lane transitions of this step enter the loss
+    loss_weight: float = 1.0  # per-transition loss weight of trained main-lane transitions
+    branch: int = 1  # children per main node (K > 1: a split step)
+    split_noise: str = "correlated"  # noise of split children, see SPLIT_NOISE_MODES
+    split_noise_scale: float = 4.0  # c of the correlated / scaled_compat split noise
+    side: int = 0  # side children per main node (TempFlow branch point), each one side_kernel step
+    side_kernel: str = "flow_sde"
+    side_eta: float = 0.7
+    side_trained: bool = True
+    side_loss_weight: float = 1.0
+    side_category: str = "rollout"  # NFE category of side-lane forwards ("probe" for probes)
+
+    def __post_init__(self):
+        for name in (self.kernel, self.side_kernel):
+            if name not in KERNEL_NAMES:
+                raise ValueError(f"unknown kernel {name!r}; use one of {KERNEL_NAMES}")
+        if self.solver not in SOLVER_NAMES:
+            raise ValueError(f"unknown ODE solver {self.solver!r}; use one of {SOLVER_NAMES}")
+        if self.split_noise not in SPLIT_NOISE_MODES:
+            raise ValueError(f"unknown split_noise {self.split_noise!r}; use {SPLIT_NOISE_MODES}")
+        if self.side_category not in NFE_CATEGORIES:
+            raise ValueError(f"side_category must be one of {NFE_CATEGORIES}")
+        if self.branch < 1 or self.side < 0:
+            raise ValueError(f"branch must be ≥ 1 and side ≥ 0, got {self.branch}, {self.side}")
+        if self.kernel == "ode" and (self.trained or self.branch > 1):
+            raise ValueError(
+                "an ode step can neither be trained nor split (it has no density and its children "
+                "would be identical); use an SDE kernel for that step"
+            )
+        if self.side and self.side_kernel == "ode" and (self.side_trained or self.side > 1):
+            raise ValueError("ode side children must be single (side=1) and untrained (probes)")
+
+    @property
+    def stochastic(self) -> bool:
+        return self.kernel != "ode"
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """One iteration's rollout: grid, per-step specs, roots per prompt, initial-noise sharing."""
+
+    sigmas: torch.Tensor  # [T + 1] float64, 1 → 0; cast to float32 by the executor
+    steps: tuple[StepSpec, ...]  # [T] one spec per step σ_i → σ_{i+1}
+    roots_per_prompt: int = 1  # G for chains, 1 for one tree per prompt
+    initial_noise: str = "shared"  # "shared": every root of a prompt starts from the same x_T
+    train_subset: int | None = None  # each root trains a random subset of this many trained steps
+    name: str = "custom"
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        sig = self.sigmas
+        if sig.dim() != 1 or len(self.steps) != sig.numel() - 1 or not self.steps:
+            raise ValueError(
+                f"a plan needs T ≥ 1 steps and T + 1 sigmas, got {len(self.steps)} steps and sigmas "
+                f"of shape {tuple(sig.shape)}"
+            )
+        s32 = sig.to(torch.float32)
+        if bool((s32[1:] >= s32[:-1]).any()) or float(s32[0]) > 1 or float(s32[-1]) < 0:
+            raise ValueError("plan sigmas must decrease strictly within [0, 1] (also in float32)")
+        if self.roots_per_prompt < 1:
+            raise ValueError(f"roots_per_prompt must be ≥ 1, got {self.roots_per_prompt}")
+        if self.initial_noise not in INITIAL_NOISE_MODES:
+            raise ValueError(f"initial_noise must be one of {INITIAL_NOISE_MODES}")
+        for i, step in enumerate(self.steps):
+            sigma, sigma_next = float(s32[i]), float(s32[i + 1])
+            if step.trained and self._std(step.kernel, sigma, sigma_next, step.eta) <= 0:
+                raise ValueError(
+                    f"step {i} ({step.kernel}, η={step.eta}, σ {sigma:.4g} → {sigma_next:.4g}) is "
+                    "trained but has std 0 (no density); untrain it or raise η"
+                )
+            if step.side and step.side_trained:
+                if self._std(step.side_kernel, sigma, sigma_next, step.side_eta) <= 0:
+                    raise ValueError(f"step {i}: trained side children have std 0; raise side_eta")
+        if self.train_subset is not None:
+            if any(s.branch > 1 or s.side for s in self.steps):
+                raise ValueError(
+                    "train_subset (DanceGRPO's random steps per sample) applies to chains only; a "
+                    "tree chooses trained edges by depth (prune them in the learner)"
+                )
+            available = sum(s.trained for s in self.steps)
+            if not 1 <= self.train_subset <= available:
+                raise ValueError(
+                    f"train_subset={self.train_subset} must lie in [1, {available}] (the number of "
+                    "trained steps)"
+                )
+
+    @staticmethod
+    def _std(kernel, sigma, sigma_next, eta) -> float:
+        return float(kernel_coefficients(kernel, sigma, sigma_next, eta)[2][0])
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    def counts(self) -> dict[str, int]:
+        """Closed-form costs per prompt: forwards by NFE category, leaves, trained transitions."""
+        from samplers.tree import template_for  # the tree template is built from the plan
+
+        return dict(template_for(self).counts)
+
+    def describe(self) -> str:
+        """One line per step, for logs and docs."""
+        s = self.sigmas.tolist()
+        lines = [f"plan {self.name}: {self.num_steps} steps, {self.roots_per_prompt} root(s)/prompt"]
+        for i, st in enumerate(self.steps):
+            text = f"  {i:3d} σ {s[i]:.4f}→{s[i + 1]:.4f} {st.kernel}"
+            text += f" η={st.eta:g}" if st.stochastic else f" ({st.solver})"
+            text += " trained" if st.trained else ""
+            text += f" w={st.loss_weight:.3g}" if st.trained and st.loss_weight != 1 else ""
+            text += f" split×{st.branch} {st.split_noise}" if st.branch > 1 else ""
+            text += f" side×{st.side} {st.side_kernel} w={st.side_loss_weight:.3g}" if st.side else ""
+            lines.append(text)
+        return "\n".join(lines)
+
+
+def _step_set(steps: Sequence[int], num_steps: int, what: str) -> frozenset[int]:
+    out = frozenset(int(s) for s in steps)
+    bad = sorted(s for s in out if not 0 <= s < num_steps)
+    if bad:
+        raise ValueError(f"{what} {bad} are outside the {num_steps} steps [0, {num_steps - 1}]")
+    return out
+
+
+def compose_plan(
+    num_steps: int,
+    *,
+    shift: float = 3.0,
+    kernel: str = "flow_sde",
+    eta: float | None = None,
+    group_size: int = 1,
+    initial_noise: str = "shared",
+    window: tuple[int, int] | None = None,
+    solver: str = "euler",
+    post_window_ratio: float | None = None,
+    post_window_solver: str = "dpmpp_2m",
+    train_fraction: float = 1.0,
+    train_subset_fraction: float | None = None,
+    splits: Sequence[int] = (),
+    branch_factor: int = 2,
+    split_noise: str = "correlated",
+    split_noise_scale: float = 4.0,
+    side_steps: Sequence[int] = (),
+    side_children: int = 6,
+    side_kernel: str = "flow_sde",
+    side_eta: float | None = None,
+    side_weight: str = "none",
+    side_weight_scale: float = 2.25,
+    name: str = "custom",
+) -> Plan:
+    """Build a plan from orthogonal options (all step indices refer to the original T steps).
+
+    - ``kernel``/``eta``: main-lane SDE kernel (η defaults to the kernel's paper value); ``"ode"``
+      makes an all-ODE trunk (TempFlow).
+    - ``window=(l, w)``: SDE only on steps l..l+w−1 (and on split steps); ODE with ``solver``
+      elsewhere. ``None``: SDE everywhere.
+    - ``post_window_ratio`` r̃: MixGRPO-Flash; the steps after the window are re-gridded to
+      ⌈(T − l − w)·r̃⌉ steps solved with ``post_window_solver``. Steps before it keep the grid.
+    - ``train_fraction``: SDE steps i < ⌊T·f⌋ are trained, never the last step (its Gaussian is too
+      sharp near σ' = 0; Flow-GRPO uses f = 0.99). ``train_subset_fraction`` (DanceGRPO): each root
+      trains a random ⌊(T − 1)·f⌋ of them.
+    - ``splits``/``branch_factor``/``split_noise``: BranchGRPO split steps.
+    - ``side_steps``/``side_children``/``side_kernel``/``side_eta``: TempFlow branch points;
+      ``side_weight``: ``noise_aware`` multiplies each step's loss by c·σ_t(j)·√Δ_j (flow_sde's std
+      with ``side_eta``, c = ``side_weight_scale``), ``noise_aware_mean_one`` rescales those weights
+      to mean one over the side steps.
+    """
+    if kernel not in KERNEL_NAMES or side_kernel not in KERNEL_NAMES:
+        raise ValueError(f"unknown kernel {kernel!r} / {side_kernel!r}; use one of {KERNEL_NAMES}")
+    eta = DEFAULT_ETA[kernel] if eta is None else float(eta)
+    side_eta = DEFAULT_ETA[side_kernel] if side_eta is None else float(side_eta)
+    if side_weight not in SIDE_WEIGHTS:
+        raise ValueError(f"side_weight must be one of {SIDE_WEIGHTS}, got {side_weight!r}")
+    if not 0 < train_fraction <= 1:
+        raise ValueError(f"train_fraction must be in (0, 1], got {train_fraction}")
+    T = int(num_steps)
+    splits_set = _step_set(splits, T, "split steps")
+    side_set = _step_set(side_steps, T, "side-branch steps")
+    if kernel == "ode" and (splits_set or window is not None):
+        raise ValueError("an all-ODE main lane (kernel='ode') cannot have splits or an SDE window")
+    if window is not None:
+        start, size = (int(w) for w in window)
+        if size < 1 or start < 0 or start + size > T:
+            raise ValueError(f"window (start={start}, size={size}) must fit in [0, {T}) with size ≥ 1")
+        in_window = set(range(start, start + size))
+        window_end = start + size
+    else:
+        in_window, window_end = set(range(T)), T
+    if post_window_ratio is not None:
+        if window is None:
+            raise ValueError("post_window_ratio (MixGRPO-Flash) needs a window")
+        late = sorted(s for s in splits_set | side_set if s >= window_end)
+        if late:
+            raise ValueError(f"steps {late} lie in the compressed post-window stretch; move them")
+        sigmas = flash_grid(T, shift, window_end, post_window_ratio)
+    else:
+        sigmas = time_grid(T, shift)
+    total = sigmas.numel() - 1
+    train_until = min(math.floor(T * train_fraction + 1e-9), total - 1)
+    s32 = sigmas.to(torch.float32).tolist()
+
+    side_weights = {}
+    for j in sorted(side_set):
+        std = float(kernel_coefficients("flow_sde", s32[j], s32[j + 1], side_eta)[2][0])
+        side_weights[j] = side_weight_scale * std if side_weight != "none" else 1.0
+    if side_weight == "noise_aware_mean_one" and side_weights:
+        mean_weight = sum(side_weights.values()) / len(side_weights)
+        side_weights = {j: w / mean_weight for j, w in side_weights.items()}
+
+    steps = []
+    for i in range(total):
+        stochastic = kernel != "ode" and (i in in_window or i in splits_set)
+        step_solver = post_window_solver if (post_window_ratio and i >= window_end) else solver
+        steps.append(
+            StepSpec(
+                kernel=kernel if stochastic else "ode",
+                eta=eta if stochastic else 0.0,
+                solver=step_solver,
+                trained=stochastic and i < train_until,
+                branch=branch_factor if i in splits_set else 1,
+                split_noise=split_noise,
+                split_noise_scale=split_noise_scale,
+                side=side_children if i in side_set else 0,
+                side_kernel=side_kernel,
+                side_eta=side_eta,
+                side_loss_weight=side_weights.get(i, 1.0),
+            )
+        )
+    subset = None
+    if train_subset_fraction is not None:
+        subset = math.floor((T - 1) * train_subset_fraction + 1e-9)
+    return Plan(
+        sigmas=sigmas,
+        steps=tuple(steps),
+        roots_per_prompt=group_size,
+        initial_noise=initial_noise,
+        train_subset=subset,
+        name=name,
+    )
+
+
+# Paper defaults per method (MATH.md §2): compose_plan arguments, plus the window schedule that moves
+# the SDE window (None: the plan is the same every iteration). Presets are data: a config overrides
+# any key, and the combinations compose (e.g. branch_grpo_mix with kernel="sage_sde").
+METHOD_PRESETS: dict[str, dict] = {
+    "flow_grpo": dict(
+        plan=dict(num_steps=10, kernel="flow_sde", eta=0.7, group_size=24, train_fraction=0.99),
+        window=None,
+    ),
+    "dance_grpo": dict(
+        plan=dict(num_steps=16, kernel="dance_sde", eta=0.3, group_size=12, train_subset_fraction=0.6),
+        window=None,
+    ),
+    "sage_grpo": dict(
+        plan=dict(num_steps=10, kernel="sage_sde", eta=0.5, group_size=24, train_fraction=0.99),
+        window=None,
+    ),
+    "flow_grpo_fast": dict(
+        plan=dict(num_steps=10, kernel="flow_sde", eta=0.7, group_size=24),
+        # start drawn uniformly in [0, ⌊T/2⌋ − w] every rollout batch
+        window=dict(size=2, strategy="random", low=0, high_fraction=0.5),
+    ),
+    "mixgrpo": dict(
+        plan=dict(num_steps=25, kernel="flow_sde", eta=0.7, group_size=12),
+        window=dict(size=4, strategy="progressive", interval=25, stride=1),
+    ),
+    "mixgrpo_flash": dict(
+        plan=dict(num_steps=25, kernel="flow_sde", eta=0.7, group_size=12, post_window_ratio=0.4),
+        window=dict(size=4, strategy="progressive", interval=25, stride=1),
+    ),
+    "mixgrpo_flash_star": dict(
+        plan=dict(num_steps=25, kernel="flow_sde", eta=0.7, group_size=12, post_window_ratio=0.2),
+        window=dict(size=4, strategy="frozen"),
+    ),
+    "branch_grpo": dict(
+        plan=dict(num_steps=20, kernel="dance_sde", eta=0.3, splits=(0, 3, 6, 9), branch_factor=2),
+        window=None,
+    ),
+    "branch_grpo_mix": dict(
+        plan=dict(num_steps=20, kernel="dance_sde", eta=0.3, splits=(0, 3, 6, 9), branch_factor=2),
+        window=dict(size=4, strategy="progressive", interval=25, stride=1),
+    ),
+    "tempflow_grpo": dict(
+        plan=dict(
+            num_steps=10,
+            kernel="ode",
+            side_steps=tuple(range(9)),
+            side_children=6,
+            side_kernel="flow_sde",
+            side_eta=0.7,
+            side_weight="noise_aware",
+        ),
+        window=None,
+    ),
+}
+
+
+__all__ = [
+    "INITIAL_NOISE_MODES",
+    "METHOD_PRESETS",
+    "NFE_CATEGORIES",
+    "Plan",
+    "SIDE_WEIGHTS",
+    "SPLIT_NOISE_MODES",
+    "StepSpec",
+    "compose_plan",
+]
