@@ -20,8 +20,6 @@ uninterrupted one. The result is a ``StableDiffusion3Pipeline`` folder written w
 from __future__ import annotations
 
 import json
-import math
-import os
 import random
 import shutil
 import time

@@ -1,0 +1,154 @@
+"""The model config schema (``ModelConfig``), its validation, and the adapter-family registry.
+
+Keys of ``configs/models/*.yaml``; every field is commented. Errors name the key, the bad value and
+the allowed values (unknown keys get a "did you mean").
+"""
+
+from __future__ import annotations
+import difflib
+import importlib
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, List, Optional
+import torch
+
+# Flow-GRPO's LoRA targets: every attention projection of the joint (MM-DiT) blocks. The names are
+# the same in SD3's and FLUX's transformers (FLUX's single-stream blocks have no `to_out`).
+DEFAULT_LORA_TARGETS = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+)
+ADAPTER_NAME = "default"  # the peft adapter flowgrpo trains
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FINETUNE_MODES = ("lora", "full")
+REFERENCE_MODES = ("auto", "adapter_disabled", "frozen_copy", "none")
+_DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+# family name -> "module:Class" (imported on first use, so a family's optional deps stay optional)
+_FAMILIES: dict[str, str] = {
+    "sd3": "flowgrpo.models.sd3:SD3Model",
+    "flux": "flowgrpo.models.flux:FluxModel",
+}
+
+
+@dataclass
+class ModelConfig:
+    """Which model to load and how to fine-tune it (the ``model:`` block of a run config)."""
+
+    family: str = "sd3"  # adapter family: "sd3" (SD3 / SD3.5) | "flux" (FLUX.1); see register_family
+    pretrained: str = "tiny-sd3"  # hub id, local folder saved with save_pretrained, or built-in name
+    revision: Optional[str] = None  # hub revision (branch, tag or commit) of `pretrained`
+    dtype: str = "float32"  # weights dtype of transformer and text encoders: float32 | bfloat16 | float16
+    device: str = "auto"  # "auto" (cuda if available else cpu) | "cpu" | "cuda" | "cuda:1" | "mps"
+    resolution: int = 64  # image height = width in pixels
+    guidance_scale: float = 4.5  # SD3: CFG scale (>1 batches [uncond; cond]); FLUX.1-dev: embedded guidance
+    max_sequence_length: int = 16  # T5 text tokens (tiny model: 16; SD3.5: 256; FLUX: 512)
+    sample_steps: int = 40  # default number of ODE steps for evaluation sampling
+    shift: Optional[float] = None  # time shift sigma -> s*sigma/(1+(s-1)*sigma); None = from the scheduler config
+    attention_backend: str = "native"  # diffusers attention backend; "native" = PyTorch SDPA (always works)
+    finetune: str = "lora"  # "lora" (peft adapter on the transformer) | "full" (every transformer weight)
+    lora_rank: int = 32  # LoRA rank r
+    lora_alpha: float = 64.0  # LoRA alpha; the update is scaled by alpha / r
+    lora_target_modules: List[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))  # module-name suffixes
+    # reference policy: "auto" (adapter_disabled for LoRA, frozen_copy for full) | "adapter_disabled" |
+    # "frozen_copy" (a deep copy of the base transformer) | "none" (no reference, no KL term)
+    reference: str = "auto"
+    gradient_checkpointing: bool = False  # recompute transformer activations in backward to save memory
+
+
+def register_family(name: str, target: str | type) -> None:
+    """Add an adapter family: ``target`` is a FlowModel subclass or a ``"module:Class"`` string."""
+    _FAMILIES[name] = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+
+
+def families() -> list[str]:
+    return sorted(_FAMILIES)
+
+
+def _family_class(name: str) -> type:  # a FlowModel subclass
+    module_name, class_name = _FAMILIES[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def attention_backends() -> list[str]:
+    """The backend names diffusers' attention dispatcher knows (availability is checked at load)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    return sorted(b.value for b in AttentionBackendName)
+
+
+def validate_model_config(cfg: Any = None) -> ModelConfig:
+    """Merge a dict / DictConfig / ModelConfig onto the schema and check every value.
+
+    Unknown keys and bad values raise ``ValueError`` naming the key, the allowed values and the fix.
+    """
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if cfg is None:
+        cfg = {}
+    if isinstance(cfg, ModelConfig):
+        cfg = OmegaConf.structured(cfg)
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    if not isinstance(cfg, dict):
+        raise TypeError(f"a model config must be a dict, DictConfig or ModelConfig, got {type(cfg).__name__}")
+    known = [f.name for f in fields(ModelConfig)]
+    for key in cfg:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise ValueError(
+                f"unknown model config key '{key}': {hint}remove it or use one of: {', '.join(known)}"
+            )
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or getattr(err, "key", None)
+        raise ValueError(f"bad model config value for '{key}': {err.msg if hasattr(err, 'msg') else err}") from None
+    config: ModelConfig = OmegaConf.to_object(merged)
+
+    def bad(key: str, allowed: str) -> ValueError:
+        return ValueError(f"model config '{key}' is {getattr(config, key)!r}; allowed: {allowed}")
+
+    if config.family not in _FAMILIES:
+        raise bad("family", ", ".join(families()))
+    if not config.pretrained:
+        raise bad("pretrained", "a hub id, a local folder or a built-in model name")
+    if config.dtype not in DTYPES:
+        raise bad("dtype", ", ".join(DTYPES))
+    if not _DEVICE_PATTERN.match(config.device):
+        raise bad("device", "auto, cpu, cuda, cuda:<index>, mps")
+    for key in ("resolution", "max_sequence_length", "sample_steps", "lora_rank"):
+        if getattr(config, key) < 1:
+            raise bad(key, "an integer >= 1")
+    if not config.guidance_scale >= 0:
+        raise bad("guidance_scale", "a number >= 0 (<= 1 turns SD3's CFG off)")
+    if config.shift is not None and not config.shift > 0:
+        raise bad("shift", "null (read from the scheduler config) or a number > 0")
+    if not config.lora_alpha > 0:
+        raise bad("lora_alpha", "a number > 0")
+    if config.finetune not in FINETUNE_MODES:
+        raise bad("finetune", ", ".join(FINETUNE_MODES))
+    if config.finetune == "lora" and not config.lora_target_modules:
+        raise bad("lora_target_modules", "a non-empty list of module-name suffixes such as 'attn.to_q'")
+    if config.reference not in REFERENCE_MODES:
+        raise bad("reference", ", ".join(REFERENCE_MODES))
+    if config.reference == "adapter_disabled" and config.finetune != "lora":
+        raise ValueError(
+            "model config reference='adapter_disabled' needs finetune='lora' (full fine-tuning has no adapter "
+            "to disable); use reference: frozen_copy (or auto, or none)"
+        )
+    backends = attention_backends()
+    if config.attention_backend not in backends:
+        raise ValueError(
+            f"model config 'attention_backend' is {config.attention_backend!r}; use 'native' (PyTorch SDPA), "
+            f"'xformers' or 'flash' where installed; diffusers knows: {', '.join(backends)}"
+        )
+    return config
