@@ -18,39 +18,13 @@ from pathlib import Path
 
 
 def _read_prompts(spec: str, limit: int | None) -> tuple[list[str], list[dict] | None]:
-    """Prompts and metadata from 'toy-eval', 'toy-train', a .txt file (one a line) or a .jsonl file."""
-    if spec in ("toy-eval", "toy-train"):
-        from rewards.toy import world
+    from flowgrpo.data import PromptFileError, read_prompts
 
-        toy = world.eval_prompts() if spec == "toy-eval" else world.train_prompts()
-        prompts, metadata = [p.text for p in toy], [p.to_dict() for p in toy]
-    else:
-        path = Path(spec)
-        if not path.is_file():
-            raise SystemExit(
-                f"flowgrpo eval: --prompts {spec!r} is neither 'toy-eval', 'toy-train' nor an existing "
-                ".txt (one prompt a line) or .jsonl ({{\"prompt\": ..., \"metadata\": {{...}}}} a line) file"
-            )
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        if path.suffix == ".jsonl":
-            rows = []
-            for number, line in enumerate(lines, 1):
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise SystemExit(f"flowgrpo eval: {path}:{number} is not valid JSON ({exc})") from exc
-            prompts = [r.get("prompt", r.get("text")) for r in rows]
-            if any(not isinstance(p, str) for p in prompts):
-                raise SystemExit(f"flowgrpo eval: every line of {path} needs a string 'prompt' (or 'text') field")
-            metadata = [r.get("metadata", r) for r in rows]
-        else:
-            prompts, metadata = [line.strip() for line in lines], None
-    if limit:
-        prompts = prompts[:limit]
-        metadata = metadata[:limit] if metadata is not None else None
-    if not prompts:
-        raise SystemExit(f"flowgrpo eval: no prompts in {spec!r}")
-    return prompts, metadata
+    try:
+        prompts, metadata = read_prompts(spec, limit or 0)
+    except PromptFileError as exc:
+        raise SystemExit(f"flowgrpo eval: {exc}") from None
+    return prompts, (metadata if any(metadata) else None)
 
 
 def _model_config(args) -> dict:

@@ -1,0 +1,153 @@
+"""From rewards to advantages (MATH.md §3 "Advantages", §2 BranchGRPO/TempFlow).
+
+Every function takes per-leaf rewards and the groups the rollout record assigns, and returns
+per-leaf (or per-node) advantages; the trainer then reads each trained transition's advantage at its
+x' node (``Trajectory.transition_values``): for a chain that is its leaf's, for a TempFlow side child
+its sibling-group advantage, for a BranchGRPO edge the depth-wise advantage of the child node.
+NaN rewards (a reward that did not apply or failed) stay NaN: they never enter a mean or std, and
+their transitions are masked out of the loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _group_stats(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row group mean, group std (population) and group count of the non-NaN values."""
+    valid = ~torch.isnan(values)
+    ids, inverse = torch.unique(groups, return_inverse=True)
+    filled = torch.where(valid, values, torch.zeros_like(values)).double()
+    count = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, valid.double())
+    total = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, filled)
+    mean = total / count.clamp(min=1)
+    sq = torch.where(valid, (values.double() - mean[inverse]) ** 2, torch.zeros_like(filled))
+    var = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, sq) / count.clamp(min=1)
+    return mean[inverse], var.sqrt()[inverse], count[inverse]
+
+
+def group_zscore(
+    rewards: torch.Tensor, groups: torch.Tensor, std: str = "group", eps: float = 1e-4
+) -> tuple[torch.Tensor, dict]:
+    """A_i = (r_i − mean_g)/(std + eps) with std per group or over the whole batch.
+
+    rewards [L] (NaN = not applicable), groups [L] -> advantages [L] float32 (NaN where the reward
+    is), plus stats: the fraction of groups with zero std (they carry no signal and get A = 0).
+    """
+    mean, group_std, count = _group_stats(rewards, groups)
+    valid = ~torch.isnan(rewards)
+    if std == "global":
+        denom = rewards[valid].double().std(unbiased=False) if valid.any() else torch.tensor(0.0)
+        denom = denom.expand_as(mean)
+    elif std == "group":
+        denom = group_std
+    else:
+        raise ValueError(f"std={std!r}; use 'group' or 'global'")
+    adv = (rewards.double() - mean) / (denom + eps)
+    zero = group_std < 1e-12
+    adv = torch.where(zero & valid, torch.zeros_like(adv), adv)
+    ids = torch.unique(groups)
+    zero_groups = sum(bool(zero[groups == g].all()) for g in ids.tolist())
+    stats = {"zero_std_group_fraction": zero_groups / max(1, len(ids)), "nan_reward_fraction": float((~valid).double().mean())}
+    return adv.float(), stats
+
+
+def gdpo(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """GDPO multi-reward: z-score each reward inside its group, weighted sum, z-score the sum over
+    the batch. rewards [L, K], weights [K] -> combined [L] (before the final advantage step)."""
+    per_reward = torch.stack([group_zscore(rewards[:, k], groups, "group", eps)[0] for k in range(rewards.shape[1])], 1)
+    combined = (per_reward * weights.to(per_reward)).sum(1)
+    nan = torch.isnan(rewards).any(1)
+    combined = torch.where(nan, torch.full_like(combined, float("nan")), combined)
+    valid = ~nan
+    if valid.sum() > 1:
+        m, s = combined[valid].mean(), combined[valid].std(unbiased=False)
+        combined = (combined - m) / (s + eps)
+    return combined
+
+
+def combine_rewards(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
+    """[L, K] rewards -> [L] scalar signal: one reward passes through; several combine by ``mode``."""
+    if rewards.shape[1] == 1:
+        return rewards[:, 0]
+    if mode == "gdpo":
+        return gdpo(rewards, weights, groups, eps)
+    if mode == "sum":
+        return (rewards * weights.to(rewards)).sum(1)
+    raise ValueError(f"multi_reward={mode!r}; use 'gdpo' or 'sum'")
+
+
+def win_rates(preferences: torch.Tensor) -> torch.Tensor:
+    """Pref-GRPO: preferences [G, G] with p[i, j] = 1 if i beats j, 0.5 tie, 0 loss (diagonal
+    ignored) -> win rate of each member over the other G − 1 [G]."""
+    g = preferences.shape[0]
+    if preferences.shape != (g, g) or g < 2:
+        raise ValueError(f"preferences must be a square [G, G] matrix with G ≥ 2, got {tuple(preferences.shape)}")
+    off = ~torch.eye(g, dtype=torch.bool)
+    return (preferences.double() * off).sum(1).div(g - 1).float()
+
+
+def tree_advantages(node_values: torch.Tensor, node_depth: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """BranchGRPO depth-wise advantages: for every node n at depth d of a prompt's tree,
+    A(n) = (r̄(n) − mean_d)/(std_d + eps) over that prompt's nodes at depth d.
+    node_values [P, Nn], node_depth [Nn] -> [P, Nn] (a single node at a depth gets 0)."""
+    adv = torch.zeros_like(node_values, dtype=torch.float64)
+    for depth in node_depth.unique().tolist():
+        cols = (node_depth == depth).nonzero().squeeze(1)
+        vals = node_values[:, cols].double()
+        if cols.numel() < 2:
+            continue
+        mean = vals.mean(1, keepdim=True)
+        std = vals.std(1, unbiased=False, keepdim=True)
+        adv[:, cols] = torch.where(std < 1e-12, torch.zeros_like(vals), (vals - mean) / (std + eps))
+    return adv.float()
+
+
+def path_weighted_values(record, leaf_rewards: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """BranchGRPO's path-probability weighted node values: for node n, the leaves ℓ below it weigh
+    w_ℓ = softmax_ℓ(β·log p(path to ℓ)) with log p the sum of the stored transition log-probs on the
+    path (ODE edges contribute 0). Returns [P, Nn]."""
+    P, Nn = record.num_prompts, record.node_parent.numel()
+    edge_lp = torch.zeros(P, Nn, dtype=torch.float64)
+    edge_lp[record.prompt, record.node] = record.log_prob.double()
+    parents = record.node_parent.tolist()
+    path_lp = edge_lp.clone()
+    for node in range(Nn):  # parents have smaller ids: accumulate from the root down
+        if parents[node] >= 0:
+            path_lp[:, node] += path_lp[:, parents[node]]
+    values = torch.full((P, Nn), float("nan"), dtype=torch.float64)
+    leaf_lp = path_lp[record.leaf_prompt, record.leaf_node]
+    for node in range(Nn):
+        below = _descendant_leaves(record, node)
+        for p in range(P):
+            rows = below & (record.leaf_prompt == p)
+            if rows.any():
+                w = torch.softmax(beta * leaf_lp[rows], 0)
+                values[p, node] = (w * leaf_rewards[rows].double()).sum()
+    return values.float()
+
+
+def _descendant_leaves(record, node: int) -> torch.Tensor:
+    """Bool [L]: leaves whose root-to-leaf path passes through ``node``."""
+    parents = record.node_parent.tolist()
+    marks = []
+    for leaf in record.leaf_node.tolist():
+        n = leaf
+        while n >= 0 and n != node:
+            n = parents[n]
+        marks.append(n == node)
+    return torch.tensor(marks, dtype=torch.bool)
+
+
+def best_of_n_mask(advantages: torch.Tensor, groups: torch.Tensor, n: int) -> torch.Tensor:
+    """DanceGRPO best-of-N: keep the n/2 highest and n/2 lowest advantages of each group. [L] bool."""
+    keep = torch.zeros_like(advantages, dtype=torch.bool)
+    if n <= 0:
+        return ~keep
+    half = max(1, n // 2)
+    for g in groups.unique().tolist():
+        rows = (groups == g).nonzero().squeeze(1)
+        order = rows[torch.argsort(advantages[rows], stable=True)]
+        keep[order[:half]] = True
+        keep[order[-half:]] = True
+    return keep

@@ -1,0 +1,275 @@
+"""The training configuration: OmegaConf structured dataclasses, every field commented.
+
+A run's config is built in layers, later ones winning:
+  configs/default.yaml  →  configs/presets/<method>.yaml  →  configs/models/<model>.yaml (under
+  ``model``)  →  ``key=value`` overrides from the command line.
+``load_config`` merges and validates: unknown keys fail (with a "did you mean"), and impossible
+numbers fail with an error that prints them. ``describe_batches`` is logged at start-up.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from flowgrpo.models.config import ModelConfig, validate_model_config
+from flowgrpo.paths import configs_dir
+
+
+@dataclass
+class SamplingConfig:
+    method: str = "flow_grpo"  # a samplers.METHOD_PRESETS name: the rollout plan and its schedule
+    plan: dict = field(default_factory=dict)  # overrides of the preset's compose_plan arguments (num_steps, eta, group_size, splits, ...)
+    window: dict = field(default_factory=dict)  # overrides of the preset's window schedule (size, strategy, interval, stride, ...)
+    shift: Optional[float] = None  # time shift of the rollout grid; None = the model's
+    guidance_scale: Optional[float] = None  # CFG scale in rollout and training; None = the model's
+    max_batch: int = 256  # cap on rows per velocity call (memory)
+    reduce: str = "mean"  # log-prob reduction over latent elements: mean (every public repo) | sum (true density)
+    batches_per_iteration: int = 1  # rollout batches per iteration; rewards of batch b run while batch b+1 samples
+
+
+@dataclass
+class RewardSpec:
+    name: str = "toy"  # registered reward name or dotted path module:Class
+    weight: float = 1.0  # weight in the multi-reward combination
+    kwargs: dict = field(default_factory=dict)  # passed to the reward's constructor
+
+
+@dataclass
+class AdvantageConfig:
+    std: str = "group"  # z-score denominator: group (per group) | global (whole batch)
+    eps: float = 1e-4  # added to the std
+    clip: float = 5.0  # advantages are clipped to [-clip, clip]
+    multi_reward: str = "gdpo"  # several rewards: gdpo (z-score each, weighted sum, z-score the sum) | sum (weighted sum of raw rewards)
+    tree_value: str = "mean"  # BranchGRPO node value: mean of descendant leaves | path_weighted (softmax of β·log p(path))
+    tree_beta: float = 1.0  # β of path_weighted node values
+    best_of_n: int = 0  # DanceGRPO best-of-N: train only the top n/2 and bottom n/2 samples of each group (0 = all)
+
+
+@dataclass
+class LossConfig:
+    clip_range: float = 1e-4  # PPO ε; 1e-4 for mean-reduced log-probs, 1e-5 for windows/cps, 2e-6 for GRPO-Guard
+    ratio: str = "plain"  # plain: exp(lp_θ − lp_old) | guard: GRPO-Guard's normalised ratio (needs μ_old)
+    step_weight: str = "none"  # none | inv_delta (GRPO-Guard 1/Δ) | sage (gradient-norm equaliser); plan weights (TempFlow) always apply
+    kl_coef: float = 0.0  # β of the KL to the reference policy (0 = off)
+    kl_form: str = "exact"  # exact: reduce_D(Δμ²)/(2s²) | flow_grpo: Flow-GRPO's SD3 code, which drops Δ inside s
+    anchor_kl_coef: float = 0.0  # SAGE: KL to a moving anchor copy of the policy (0 = off)
+    anchor_refresh: int = 10  # SAGE: optimizer steps between anchor refreshes
+    rollout_kl_coef: float = 0.0  # SAGE: KL to the rollout policy μ_old (0 = off)
+    normalize: str = "group"  # loss normalisation: group (per group or tree, by its trained transitions) | transition (plain mean)
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 40  # GRPO iterations (rollout + update)
+    prompts_per_iteration: int = 8  # prompts per iteration over all processes (each with its whole group)
+    inner_epochs: int = 1  # passes over each iteration's transitions
+    updates_per_epoch: int = 1  # optimizer steps per pass (transitions split evenly, whole groups kept)
+    micro_batch: int = 64  # transitions per forward/backward (gradient accumulation inside an update)
+    learning_rate: float = 3e-4
+    weight_decay: float = 0.0
+    adam_betas: tuple = (0.9, 0.999)
+    grad_clip: float = 1.0  # max gradient norm (0 = off)
+    ema_decay: float = 0.0  # EMA of trainable weights used for evaluation (0 = off)
+    mixed_precision: str = "no"  # accelerate's: no | bf16 | fp16
+    seed: int = 0  # every random draw is a pure function of (seed, iteration, prompt, node)
+    cpu: bool = False  # force CPU (and make accelerate run distributed on CPU with gloo)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10  # evaluate every N iterations (0 = only at the end)
+    prompts: str = "toy-eval"  # toy-eval | toy-train | a .txt or .jsonl file
+    limit: int = 0  # use only the first N prompts (0 = all)
+    steps: Optional[int] = None  # ODE steps; None = the model config's sample_steps
+    reward: str = "toy"  # the held-out ("gold") reward
+    batch_size: int = 64
+    at_start: bool = True  # evaluate the starting model too
+
+
+@dataclass
+class LogConfig:
+    save_every: int = 20  # checkpoint every N iterations (0 = only at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept
+    samples_every: int = 10  # write sample PNGs and their manifest every N iterations (0 = never)
+    samples_per_prompt: int = 4  # leaves written per prompt when samples are written
+    tensorboard: bool = True  # also write TensorBoard events (needs the tensorboard package)
+    progress: bool = True  # progress bars
+
+
+@dataclass
+class Config:
+    run_name: str = "tiny-sd3-toy"  # the run folder is <output_dir>/<run_name>
+    output_dir: str = "runs"
+    resume: bool = True  # continue from the newest checkpoint of the run folder if there is one
+    prompts: str = "toy-train"  # training prompts: toy-train | a .txt or .jsonl file
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    rewards: list = field(default_factory=lambda: [RewardSpec()])  # list of RewardSpec
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+
+_CHOICES = {
+    "sampling.reduce": ("mean", "sum"),
+    "advantage.std": ("group", "global"),
+    "advantage.multi_reward": ("gdpo", "sum"),
+    "advantage.tree_value": ("mean", "path_weighted"),
+    "loss.ratio": ("plain", "guard"),
+    "loss.step_weight": ("none", "inv_delta", "sage"),
+    "loss.kl_form": ("exact", "flow_grpo"),
+    "loss.normalize": ("group", "transition"),
+    "train.mixed_precision": ("no", "bf16", "fp16"),
+}
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names the key, the value and the fix."""
+
+
+def _resolve_yaml(spec: str, folder: str) -> Path:
+    path = Path(spec)
+    if path.is_file():
+        return path
+    candidate = configs_dir() / folder / f"{spec.removesuffix('.yaml')}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = sorted(p.stem for p in (configs_dir() / folder).glob("*.yaml"))
+    raise ConfigError(f"{spec!r} is neither a YAML file nor one of configs/{folder}/: {names}")
+
+
+def _unknown_key_message(exc: Exception, schema: Any) -> str:
+    key = getattr(exc, "key", None) or str(exc).split("'")[1] if "'" in str(exc) else str(exc)
+    full = getattr(exc, "full_key", key)
+    parent = OmegaConf.select(OmegaConf.structured(schema), full.rsplit(".", 1)[0]) if "." in str(full) else None
+    known = list(parent.keys()) if isinstance(parent, DictConfig) else list(OmegaConf.structured(schema).keys())
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known keys here: {known}"
+    return f"unknown config key {full!r}{hint}"
+
+
+def load_config(preset: str | None = None, model: str | None = None, overrides: list[str] | None = None,
+                base: str | dict | None = None) -> Config:
+    """Merge default ← preset ← model ← overrides onto the schema, then validate."""
+    schema = Config()
+    layers = [OmegaConf.load(configs_dir() / "default.yaml")]
+    if isinstance(base, dict):
+        layers.append(OmegaConf.create(base))
+    elif base:
+        layers.append(OmegaConf.load(_resolve_yaml(base, "presets")))
+    if preset:
+        layers.append(OmegaConf.load(_resolve_yaml(preset, "presets")))
+    if model:
+        layers.append(OmegaConf.create({"model": OmegaConf.load(_resolve_yaml(model, "models"))}))
+    if overrides:
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not key=value (e.g. train.iterations=10)")
+        layers.append(OmegaConf.from_dotlist(overrides))
+    merged = OmegaConf.structured(schema)
+    for layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except (ConfigKeyError, ValidationError) as exc:
+            if isinstance(exc, ConfigKeyError) or "not in" in str(exc):
+                raise ConfigError(_unknown_key_message(exc, schema)) from None
+            raise ConfigError(f"bad config value: {exc}") from None
+    cfg: Config = OmegaConf.to_object(merged)
+    cfg.model = validate_model_config(cfg.model)
+    cfg.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in cfg.rewards]
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Check choices and batch arithmetic; errors print the numbers involved."""
+    import samplers
+
+    for key, allowed in _CHOICES.items():
+        value = OmegaConf.select(OmegaConf.structured(cfg), key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed; use one of {list(allowed)}")
+    if cfg.sampling.method not in samplers.METHOD_PRESETS:
+        raise ConfigError(f"sampling.method={cfg.sampling.method!r} is unknown; use one of {sorted(samplers.METHOD_PRESETS)}")
+    if not cfg.rewards:
+        raise ConfigError("rewards is empty; give at least one, e.g. rewards=[{name: toy}]")
+    plan = plan_arguments(cfg)
+    group = plan.get("group_size", 1)
+    tree = bool(plan.get("splits")) or bool(plan.get("side_steps"))
+    if not tree and group < 2:
+        raise ConfigError(
+            f"sampling.plan.group_size={group}: GRPO needs at least 2 samples per prompt to compare "
+            "(a group of 1 has zero advantage); set sampling.plan.group_size=2 or more"
+        )
+    t = cfg.train
+    if t.prompts_per_iteration < 1 or t.iterations < 1 or t.inner_epochs < 1 or t.updates_per_epoch < 1 or t.micro_batch < 1:
+        raise ConfigError(
+            f"train.iterations={t.iterations}, prompts_per_iteration={t.prompts_per_iteration}, "
+            f"inner_epochs={t.inner_epochs}, updates_per_epoch={t.updates_per_epoch}, micro_batch={t.micro_batch}: all must be ≥ 1"
+        )
+    if t.prompts_per_iteration % cfg.sampling.batches_per_iteration:
+        raise ConfigError(
+            f"train.prompts_per_iteration={t.prompts_per_iteration} is not divisible by "
+            f"sampling.batches_per_iteration={cfg.sampling.batches_per_iteration}"
+        )
+    if t.updates_per_epoch > t.prompts_per_iteration:
+        raise ConfigError(
+            f"train.updates_per_epoch={t.updates_per_epoch} > train.prompts_per_iteration={t.prompts_per_iteration}: "
+            "each update needs at least one whole group; lower updates_per_epoch"
+        )
+    if cfg.loss.clip_range <= 0:
+        raise ConfigError(f"loss.clip_range={cfg.loss.clip_range} must be > 0")
+    if cfg.loss.step_weight == "inv_delta" and cfg.loss.ratio != "guard":
+        pass  # allowed: 1/Δ reweighting is GRPO-Guard's but composes with the plain ratio
+
+
+def plan_arguments(cfg: Config) -> dict:
+    """The compose_plan arguments of the run: the method preset with the config's overrides."""
+    import samplers
+
+    preset = samplers.METHOD_PRESETS[cfg.sampling.method]
+    return {**preset["plan"], **dict(cfg.sampling.plan)}
+
+
+def processes_check(cfg: Config, world_size: int) -> None:
+    """Groups never split across ranks: every rank samples whole prompts (with their groups)."""
+    per_batch = cfg.train.prompts_per_iteration // cfg.sampling.batches_per_iteration
+    if per_batch % world_size:
+        raise ConfigError(
+            f"train.prompts_per_iteration={cfg.train.prompts_per_iteration} / sampling.batches_per_iteration="
+            f"{cfg.sampling.batches_per_iteration} = {per_batch} prompts per batch cannot be split evenly over "
+            f"{world_size} processes; make it a multiple of {world_size}"
+        )
+
+
+def describe_batches(cfg: Config, world_size: int, leaves_per_prompt: int, trained_per_prompt: int) -> str:
+    """The derived batch arithmetic, printed at start-up."""
+    t = cfg.train
+    per_rank = t.prompts_per_iteration // world_size
+    transitions = t.prompts_per_iteration * trained_per_prompt
+    lines = [
+        f"processes: {world_size}; prompts per iteration: {t.prompts_per_iteration} ({per_rank} per process, "
+        f"{cfg.sampling.batches_per_iteration} rollout batches)",
+        f"samples (leaves) per prompt: {leaves_per_prompt}; per iteration: {t.prompts_per_iteration * leaves_per_prompt}",
+        f"trained transitions per prompt: {trained_per_prompt}; per iteration: {transitions}",
+        f"optimizer steps per iteration: {t.inner_epochs} epochs x {t.updates_per_epoch} updates = "
+        f"{t.inner_epochs * t.updates_per_epoch}; ~{transitions // t.updates_per_epoch} transitions per update "
+        f"in micro-batches of {t.micro_batch} per process",
+    ]
+    return "\n".join(lines)
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -1,0 +1,46 @@
+"""Prompt sets: the toy splits by name, or a user's .txt / .jsonl file, with per-prompt metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class PromptFileError(ValueError):
+    """A prompt set that cannot be read; the message names the fix."""
+
+
+def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
+    """Prompts and metadata from 'toy-eval', 'toy-train', a .txt file (one prompt a line) or a
+    .jsonl file ({"prompt": ..., "metadata": {...}} a line; metadata optional)."""
+    if spec in ("toy-eval", "toy-train"):
+        from rewards.toy import world
+
+        toy = world.eval_prompts() if spec == "toy-eval" else world.train_prompts()
+        prompts, metadata = [p.text for p in toy], [p.to_dict() for p in toy]
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise PromptFileError(
+                f"prompts {spec!r} is neither 'toy-eval', 'toy-train' nor an existing .txt (one prompt a "
+                'line) or .jsonl ({"prompt": ..., "metadata": {...}} a line) file'
+            )
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        if path.suffix == ".jsonl":
+            rows = []
+            for number, line in enumerate(lines, 1):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise PromptFileError(f"{path}:{number} is not valid JSON ({exc})") from exc
+            prompts = [r.get("prompt", r.get("text")) if isinstance(r, dict) else None for r in rows]
+            if any(not isinstance(p, str) for p in prompts):
+                raise PromptFileError(f"every line of {path} needs a string 'prompt' (or 'text') field")
+            metadata = [r.get("metadata", r) for r in rows]
+        else:
+            prompts, metadata = [line.strip() for line in lines], [{} for _ in lines]
+    if limit:
+        prompts, metadata = prompts[:limit], metadata[:limit]
+    if not prompts:
+        raise PromptFileError(f"no prompts in {spec!r}")
+    return prompts, metadata

@@ -1,0 +1,93 @@
+"""The per-transition GRPO loss of the denoising MDP (MATH.md §3).
+
+For trained transition t (sample i, step j) with advantage A:
+  ratio ρ = exp(lp_θ − lp_old) (plain), or GRPO-Guard's exp(reduce_D(ε_s·δ)) with δ = μ_θ − μ_old
+  and ε_s = (x' − μ_old)/s per sample (never averaged over the batch);
+  L = max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε)) · step weight, plus KL terms.
+All math in fp32 (float64 inputs stay float64). ``transition_loss`` returns the per-transition loss
+and the diagnostics the trainer logs (clip fractions split by ρ > 1 and ρ < 1, approximate KL).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from samplers import kernel_coefficients, log_prob
+
+
+def _reduce(values: torch.Tensor, reduce: str) -> torch.Tensor:
+    flat = values.flatten(1)
+    return flat.mean(1) if reduce == "mean" else flat.sum(1)
+
+
+def ppo_clip(ratio: torch.Tensor, advantages: torch.Tensor, clip_range: float) -> torch.Tensor:
+    """max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε)), per transition."""
+    return torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip_range, 1 + clip_range))
+
+
+def guard_log_ratio(x_next, mean_theta, mean_old, std, reduce: str) -> torch.Tensor:
+    """GRPO-Guard: log ρ̂ = reduce_D(ε_s · δ), ε_s = (x' − μ_old)/s (constant), δ = μ_θ − μ_old.
+
+    Per sample; the gradient flows through δ. Its expectation over the rollout noise is zero."""
+    shape = (-1,) + (1,) * (x_next.dim() - 1)
+    eps_s = ((x_next.to(mean_old) - mean_old) / std.view(shape)).detach()
+    return _reduce(eps_s * (mean_theta - mean_old), reduce)
+
+
+def gaussian_kl(mean_a, mean_b, std, reduce: str) -> torch.Tensor:
+    """KL between N(μ_a, s²) and N(μ_b, s²) per element, reduced: reduce_D((μ_a − μ_b)²)/(2s²)."""
+    return _reduce((mean_a - mean_b) ** 2, reduce) / (2 * std**2)
+
+
+def step_weights(kind: str, kernels: list[str], sigma, sigma_next, eta) -> torch.Tensor:
+    """Per-transition loss multipliers: none | inv_delta (GRPO-Guard: 1/Δ) | sage (SAGE's
+    gradient-norm equaliser median_k(g)/g_k with g_k = |∂μ/∂v|/s_k from the kernel's coefficients)."""
+    n = sigma.shape[0]
+    if kind == "none":
+        return torch.ones(n, dtype=torch.float32, device=sigma.device)
+    if kind == "inv_delta":
+        return (1.0 / (sigma.double() - sigma_next.double())).float()
+    if kind == "sage":
+        g = torch.empty(n, dtype=torch.float64, device=sigma.device)
+        for name in set(kernels):
+            rows = torch.tensor([k == name for k in kernels], device=sigma.device)
+            _, b, s = kernel_coefficients(name, sigma[rows].double(), sigma_next[rows].double(), eta[rows].double())
+            g[rows] = (b.abs() / s).double()
+        return (g.median() / g).float()
+    raise ValueError(f"step_weight={kind!r}; use none, inv_delta or sage")
+
+
+def transition_loss(
+    *,
+    x_next: torch.Tensor,  # [M, *latent] stored x'
+    mean_theta: torch.Tensor,  # [M, *latent] fp32, μ under the current policy (with grad)
+    std: torch.Tensor,  # [M] fp32, the kernel's std
+    log_prob_old: torch.Tensor,  # [M] stored lp_old
+    advantages: torch.Tensor,  # [M]
+    clip_range: float,
+    reduce: str = "mean",
+    ratio_form: str = "plain",
+    mean_old: torch.Tensor | None = None,  # [M, *latent] μ_old (GRPO-Guard, rollout KL)
+) -> tuple[torch.Tensor, dict]:
+    """Per-transition clipped policy loss [M] and diagnostics (tensors [M], detached)."""
+    lp = log_prob(x_next, mean_theta, std, reduce)
+    log_ratio_plain = lp - log_prob_old.to(lp)
+    if ratio_form == "guard":
+        if mean_old is None:
+            raise ValueError("loss.ratio=guard needs μ_old stored in the rollout (the trainer asks for it)")
+        log_ratio = guard_log_ratio(x_next, mean_theta, mean_old.to(mean_theta), std, reduce)
+    elif ratio_form == "plain":
+        log_ratio = log_ratio_plain
+    else:
+        raise ValueError(f"ratio={ratio_form!r}; use plain or guard")
+    ratio = torch.exp(log_ratio)
+    loss = ppo_clip(ratio, advantages.to(ratio), clip_range)
+    with torch.no_grad():
+        diag = {
+            "log_ratio": log_ratio.detach(),
+            "ratio_dev": (ratio - 1).abs().detach(),
+            "clipped_high": (ratio > 1 + clip_range).float(),  # ρ above the trust region
+            "clipped_low": (ratio < 1 - clip_range).float(),  # ρ below it
+            "approx_kl": 0.5 * log_ratio_plain.detach() ** 2,
+        }
+    return loss, diag

@@ -1,0 +1,456 @@
+"""The GRPO training loop for flow-matching models: ``accelerate launch train_t2i.py``.
+
+Each iteration reads top to bottom in five phases:
+  SAMPLE     the iteration's plan (samplers.method_schedule) is run by the tree executor for this
+             process's prompts (whole groups per process); leaves are decoded to images.
+  SCORE      rewards run in a worker thread while the next rollout batch samples.
+  ADVANTAGE  rewards of the whole iteration (gathered over processes) become advantages: group
+             z-scores, GDPO for several rewards, BranchGRPO depth-wise tree values; each trained
+             transition takes the advantage of its x' node.
+  UPDATE     inner epochs over the stored transitions: recompute μ_θ with the same kernel function
+             the rollout used, PPO-clip the ratio (plain or GRPO-Guard), weight, add KL terms,
+             normalise per group (or tree), accumulate, all-reduce gradients, step.
+  LOG/SAVE   metrics.jsonl (+ TensorBoard), sample PNGs with their manifest, held-out evaluation,
+             atomic checkpoints (also on SIGINT/SIGTERM).
+Every random draw is a pure function of (seed, iteration, prompt slot, node), so 1 and N processes
+with the same global batch, and a resumed and an uninterrupted run, compute the same thing.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+import samplers
+from flowgrpo import advantages as adv_lib
+from flowgrpo.checkpoint import (
+    checkpoint_dirs, load_checkpoint, optimizer_from_flat, optimizer_to_flat, prune_checkpoints, save_checkpoint,
+)
+from flowgrpo.config import Config, describe_batches, plan_arguments, processes_check, to_yaml
+from flowgrpo.data import read_prompts
+from flowgrpo.loss import gaussian_kl, step_weights, transition_loss
+from flowgrpo.run_dir import RunWriter
+from rewards import load_reward
+
+
+@dataclass
+class Batch:
+    """One rollout batch of this process: its record, conditioning and prompts."""
+
+    record: samplers.Trajectory
+    cond: object  # Conditioning rows of this batch's prompts (record.cond_index points into it)
+    slots: list[int]  # global prompt slot of each prompt row in the iteration
+    texts: list[str]
+    metadata: list[dict]
+    images: torch.Tensor  # [L, 3, H, W] leaves decoded, in [0, 1]
+    rewards: object = None  # Future -> [L, K] float32
+
+
+def _seeded_permutation(n: int, *parts: int) -> torch.Tensor:
+    return torch.randperm(n, generator=samplers.make_generator(*parts))
+
+
+class Trainer:
+    def __init__(self, cfg: Config, accelerator=None):
+        from accelerate import Accelerator
+
+        from flowgrpo.models import load_model
+
+        self.cfg = cfg
+        self.acc = accelerator or Accelerator(cpu=cfg.train.cpu, mixed_precision=cfg.train.mixed_precision)
+        self.world, self.rank = self.acc.num_processes, self.acc.process_index
+        processes_check(cfg, self.world)
+        if cfg.model.device == "auto":
+            cfg.model.device = str(self.acc.device)
+        self.model = load_model(cfg.model)
+        self.params = self.model.trainable_parameters()
+        self.names = [f"p{i}" for i in range(len(self.params))]
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(self.params, lr=t.learning_rate, weight_decay=t.weight_decay, betas=tuple(t.adam_betas))
+        self.rewards = [load_reward(spec.name, **spec.kwargs) for spec in cfg.rewards]
+        self.reward_weights = torch.tensor([spec.weight for spec in cfg.rewards], dtype=torch.float32)
+        plan_kwargs = plan_arguments(cfg)
+        plan_kwargs.setdefault("shift", cfg.sampling.shift or self.model.shift)
+        self.schedule = samplers.method_schedule(
+            cfg.sampling.method, plan={**cfg.sampling.plan, "shift": plan_kwargs["shift"]},
+            window=dict(cfg.sampling.window) or None, seed=t.seed,
+        )
+        self.prompts, self.metadata = read_prompts(cfg.prompts)
+        self.need_mean = cfg.loss.ratio == "guard" or cfg.loss.rollout_kl_coef > 0
+        self.ema = [p.detach().clone() for p in self.params] if t.ema_decay > 0 else None
+        self.anchor = [p.detach().clone() for p in self.params] if cfg.loss.anchor_kl_coef > 0 else None
+        self.nfe = samplers.NFECounter()
+        self.iteration, self.optimizer_steps = 0, 0
+        self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard)
+        self.pool = ThreadPoolExecutor(max_workers=1)  # rewards of batch b while batch b+1 samples
+        self._stop = False
+
+    # ---------------------------------------------------------------- helpers
+    def _velocity(self, cond):
+        return self.model.velocity_fn(cond, self.cfg.sampling.guidance_scale)
+
+    def _iteration_slots(self, iteration: int) -> list[list[int]]:
+        """Global prompt slots of each rollout batch for this process (whole prompts per rank)."""
+        P, B = self.cfg.train.prompts_per_iteration, self.cfg.sampling.batches_per_iteration
+        per = P // B
+        return [list(range(b * per, (b + 1) * per))[self.rank :: self.world] for b in range(B)]
+
+    def _dataset_index(self, iteration: int, slot: int) -> int:
+        """Which prompt fills a slot: a seeded permutation per pass over the prompt set."""
+        position = iteration * self.cfg.train.prompts_per_iteration + slot
+        epoch, offset = divmod(position, len(self.prompts))
+        return int(_seeded_permutation(len(self.prompts), self.cfg.train.seed, 7, epoch)[offset])
+
+    def _score(self, images: torch.Tensor, texts: list[str], metadata: list[dict]) -> torch.Tensor:
+        columns = []
+        for reward in self.rewards:
+            try:
+                scores = reward(images, texts, metadata).scores.float()
+                if scores.shape != (len(texts),):
+                    raise ValueError(f"reward {reward.name!r} returned shape {tuple(scores.shape)}, expected ({len(texts)},)")
+            except Exception as exc:  # never crash the run; NaN scores are masked out of the loss
+                self.writer.warn(f"reward {getattr(reward, 'name', reward)!r} failed on a batch: {exc}")
+                scores = torch.full((len(texts),), float("nan"))
+            columns.append(scores)
+        return torch.stack(columns, 1)
+
+    # ---------------------------------------------------------------- SAMPLE + SCORE
+    @torch.no_grad()
+    def sample(self, iteration: int) -> list[Batch]:
+        plan = self.schedule.plan(iteration)
+        batches = []
+        for slots in self._iteration_slots(iteration):
+            idx = [self._dataset_index(iteration, s) for s in slots]
+            texts, metadata = [self.prompts[i] for i in idx], [self.metadata[i] for i in idx]
+            cond = self.model.encode_prompts(texts)
+            record = samplers.rollout(
+                self._velocity(cond), plan, prompt_ids=slots, latent_shape=self.model.latent_shape(),
+                seed=self.cfg.train.seed, iteration=iteration, dtype=self.model.dtype, device=self.model.device,
+                max_batch=self.cfg.sampling.max_batch, store_mean=self.need_mean, reduce=self.cfg.sampling.reduce,
+                nfe=self.nfe,
+            )
+            images = torch.cat([self.model.decode(record.leaf_state[i : i + 64]) for i in range(0, record.num_leaves, 64)])
+            leaf_texts = [texts[p] for p in record.leaf_prompt.tolist()]
+            leaf_meta = [metadata[p] for p in record.leaf_prompt.tolist()]
+            batch = Batch(record, cond, slots, texts, metadata, images.cpu())
+            batch.rewards = self.pool.submit(self._score, batch.images, leaf_texts, leaf_meta)
+            batches.append(batch)
+        return batches
+
+    # ---------------------------------------------------------------- ADVANTAGE
+    def advantages(self, batches: list[Batch]) -> tuple[list[torch.Tensor], dict]:
+        """Per-transition advantages [M_b] for each batch (NaN = masked), and stats."""
+        cfg = self.cfg.advantage
+        rewards = [b.rewards.result() for b in batches]
+        local_r = torch.cat(rewards)
+        gpp = batches[0].record.groups_per_prompt
+        local_g = torch.cat([torch.tensor(b.slots)[b.record.leaf_prompt] * gpp + b.record.leaf_group % gpp for b in batches])
+        all_r, all_g = self._gather(local_r), self._gather(local_g)
+        signal_all = adv_lib.combine_rewards(all_r, self.reward_weights, all_g, cfg.multi_reward, cfg.eps)
+        leaf_adv_all, stats = adv_lib.group_zscore(signal_all, all_g, cfg.std, cfg.eps)
+        start = self.rank * local_r.shape[0]
+        leaf_adv = leaf_adv_all[start : start + local_r.shape[0]]
+        signal = signal_all[start : start + local_r.shape[0]]
+        stats.update({f"reward/{r.name}_mean": float(torch.nanmean(all_r[:, k])) for k, r in enumerate(self.rewards)})
+        stats.update({f"reward/{r.name}_std": float(all_r[:, k][~all_r[:, k].isnan()].std()) for k, r in enumerate(self.rewards)})
+        out, offset = [], 0
+        for b in batches:
+            rec, n = b.record, b.record.num_leaves
+            tree = bool(plan_arguments(self.cfg).get("splits"))
+            if tree:  # BranchGRPO: depth-wise advantages of node values
+                if cfg.tree_value == "path_weighted":
+                    values = adv_lib.path_weighted_values(rec, signal[offset : offset + n], cfg.tree_beta)
+                else:
+                    values = rec.node_values(signal[offset : offset + n])
+                node_adv = adv_lib.tree_advantages(values, rec.node_depth, cfg.eps)
+                t_adv = node_adv[rec.prompt, rec.node]
+            else:  # chains and TempFlow siblings: the advantage of the leaf below x'
+                t_adv = rec.transition_values(leaf_adv[offset : offset + n])
+            if cfg.best_of_n:
+                keep = adv_lib.best_of_n_mask(leaf_adv[offset : offset + n], rec.leaf_group, cfg.best_of_n)
+                t_adv = torch.where(rec.transition_values(keep.float()) > 0.5, t_adv, torch.full_like(t_adv, float("nan")))
+            out.append(t_adv.clamp(-cfg.clip, cfg.clip))
+            offset += n
+        all_adv = torch.cat(out) if out else torch.zeros(0)
+        stats.update({"advantage/mean": float(torch.nanmean(all_adv)), "advantage/abs_mean": float(torch.nanmean(all_adv.abs())),
+                      "leaf_rewards": local_r, "leaf_advantages": leaf_adv})
+        return out, stats
+
+    def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return tensor
+        return self.acc.gather(tensor.to(self.acc.device)).cpu()
+
+    # ---------------------------------------------------------------- UPDATE
+    def update(self, batches: list[Batch], advantages: list[torch.Tensor]) -> dict:
+        cfg, t = self.cfg, self.cfg.train
+        rows = []  # (batch, row, advantage, coefficient, group)
+        for bi, (b, adv) in enumerate(zip(batches, advantages)):
+            rec = b.record
+            weights = rec.loss_weight * step_weights(cfg.loss.step_weight, rec.kernel_names(), rec.sigma, rec.sigma_next, rec.eta)
+            groups = (torch.tensor(b.slots)[rec.prompt] * rec.groups_per_prompt + rec.group % rec.groups_per_prompt).tolist()
+            for r in range(rec.num_transitions):
+                if not math.isnan(float(adv[r])):
+                    rows.append((bi, r, float(adv[r]), float(weights[r]), groups[r]))
+        # normalisation: each group (or tree) weighs the same, whatever its number of transitions
+        counts: dict[int, int] = {}
+        for row in rows:
+            counts[row[4]] = counts.get(row[4], 0) + 1
+        total_groups = int(self._gather(torch.tensor([len(counts)])).sum())
+        total_rows = int(self._gather(torch.tensor([len(rows)])).sum())
+        coef = [w / (counts[g] * max(1, total_groups)) if cfg.loss.normalize == "group" else w / max(1, total_rows)
+                for (_, _, _, w, g) in rows]
+        diag: dict[str, list] = {"loss": [], "log_ratio": [], "ratio_dev_epoch0": [], "clipped_high": [], "clipped_low": [],
+                                 "approx_kl": [], "grad_norm": [], "step": [], "kl": []}
+        group_ids = sorted(counts)
+        for epoch in range(t.inner_epochs):
+            order = _seeded_permutation(len(group_ids), t.seed, 11, self.iteration, epoch).tolist()
+            chunks = [set(group_ids[i] for i in order[u :: t.updates_per_epoch]) for u in range(t.updates_per_epoch)]
+            for u, chunk in enumerate(chunks):
+                selected = [i for i, row in enumerate(rows) if row[4] in chunk]
+                self.optimizer.zero_grad(set_to_none=True)
+                for start in range(0, len(selected), t.micro_batch):
+                    part = selected[start : start + t.micro_batch]
+                    loss, d = self._micro_step([rows[i] for i in part], [coef[i] * t.updates_per_epoch for i in part], batches)
+                    self.acc.backward(loss)
+                    for key in ("log_ratio", "clipped_high", "clipped_low", "approx_kl", "kl"):
+                        diag[key].append(d[key])
+                    diag["step"].append(d["step"])
+                    diag["loss"].append(loss.detach().reshape(1))
+                    if epoch == 0 and u == 0:
+                        diag["ratio_dev_epoch0"].append(d["ratio_dev"])
+                diag["grad_norm"].append(torch.tensor([self._optimizer_step()]))
+        cat = {k: torch.cat(v) if v else torch.zeros(0) for k, v in diag.items()}
+        metrics = {
+            "loss": float(cat["loss"].sum()) / max(1, t.inner_epochs),
+            "max_abs_ratio_minus_1_epoch0": float(cat["ratio_dev_epoch0"].max()) if cat["ratio_dev_epoch0"].numel() else 0.0,
+            "clip_frac_high": float(cat["clipped_high"].mean()) if cat["clipped_high"].numel() else 0.0,
+            "clip_frac_low": float(cat["clipped_low"].mean()) if cat["clipped_low"].numel() else 0.0,
+            "approx_kl": float(cat["approx_kl"].mean()) if cat["approx_kl"].numel() else 0.0,
+            "kl_ref": float(cat["kl"].mean()) if cat["kl"].numel() else 0.0,
+            "grad_norm": float(cat["grad_norm"].mean()) if cat["grad_norm"].numel() else 0.0,
+            "trained_transitions": total_rows,
+        }
+        for s in cat["step"].unique().tolist() if cat["step"].numel() else []:
+            lr = cat["log_ratio"][cat["step"] == s]
+            metrics[f"log_ratio_step{s}/mean"] = float(lr.mean())
+            metrics[f"log_ratio_step{s}/std"] = float(lr.std()) if lr.numel() > 1 else 0.0
+        return metrics
+
+    def _micro_step(self, rows, coefs, batches):
+        cfg = self.cfg
+        by_batch: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_batch.setdefault(row[0], []).append(i)
+        total = torch.zeros((), device=self.model.device)
+        out = {k: [] for k in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl", "kl", "step")}
+        for bi, members in by_batch.items():
+            b, rec = batches[bi], batches[bi].record
+            r = torch.tensor([rows[i][1] for i in members])
+            adv = torch.tensor([rows[i][2] for i in members], device=self.model.device)
+            c = torch.tensor([coefs[i] for i in members], device=self.model.device)
+            x, sigma, cond = rec.state[r], rec.sigma[r], b.cond.select(rec.cond_index[r])
+            v = self.model.velocity(x, sigma, cond, cfg.sampling.guidance_scale)
+            self.nfe.add("train_forward", len(members))
+            self.nfe.add("train_backward", len(members))
+            mean, std = self._kernel(rec, r, x, v)
+            loss, d = transition_loss(
+                x_next=rec.next_state[r], mean_theta=mean, std=std, log_prob_old=rec.log_prob[r], advantages=adv,
+                clip_range=cfg.loss.clip_range, reduce=cfg.sampling.reduce, ratio_form=cfg.loss.ratio,
+                mean_old=rec.mean[r] if rec.mean is not None else None,
+            )
+            kl = torch.zeros_like(loss)
+            if cfg.loss.kl_coef > 0:
+                with self.model.reference():
+                    ref_mean, _ = self._kernel(rec, r, x, self.model.velocity(x, sigma, cond, cfg.sampling.guidance_scale))
+                kl_ref = gaussian_kl(mean, ref_mean, std, cfg.sampling.reduce)
+                if cfg.loss.kl_form == "flow_grpo":
+                    kl_ref = kl_ref * (rec.sigma_next[r] - rec.sigma[r]).abs().to(kl_ref)
+                kl = kl + cfg.loss.kl_coef * kl_ref
+            if self.anchor is not None:
+                with torch.no_grad(), self._swapped(self.anchor):
+                    anchor_mean, _ = self._kernel(rec, r, x, self.model.velocity(x, sigma, cond, cfg.sampling.guidance_scale))
+                kl = kl + cfg.loss.anchor_kl_coef * gaussian_kl(mean, anchor_mean, std, cfg.sampling.reduce)
+            if cfg.loss.rollout_kl_coef > 0:
+                kl = kl + cfg.loss.rollout_kl_coef * gaussian_kl(mean, rec.mean[r].to(mean), std, cfg.sampling.reduce)
+            total = total + (c * (loss + kl)).sum() * self.world  # all-reduce sums gradients over processes
+            for key in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl"):
+                out[key].append(d[key].float().cpu())
+            out["kl"].append(kl.detach().float().cpu())
+            out["step"].append(rec.step[r].cpu())
+        return total / self.world, {k: torch.cat(v) for k, v in out.items()}
+
+    @staticmethod
+    def _kernel(rec, r, x, v):
+        """μ_θ and s with the very kernel functions the rollout used (per kernel of the rows)."""
+        kernels = rec.kernel[r]
+        sels, means, stds = [], [], []
+        for k in kernels.unique().tolist():
+            sel = (kernels == k).nonzero().squeeze(1)
+            mu, s = samplers.get_kernel(samplers.KERNEL_NAMES[k])(
+                x[sel], v[sel], rec.sigma[r][sel], rec.sigma_next[r][sel], rec.eta[r][sel]
+            )
+            sels.append(sel), means.append(mu), stds.append(s)
+        if len(sels) == 1:
+            return means[0], stds[0]
+        back = torch.argsort(torch.cat(sels))  # rows back in their original order
+        return torch.cat(means)[back], torch.cat(stds)[back]
+
+    def _optimizer_step(self) -> float:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.world > 1:
+            for g in grads:
+                torch.distributed.all_reduce(g)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip) if self.cfg.train.grad_clip > 0 else \
+            torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) if grads else torch.tensor(0.0)
+        self.optimizer.step()
+        self.optimizer_steps += 1
+        if self.ema is not None:
+            with torch.no_grad():
+                for e, p in zip(self.ema, self.params):
+                    e.lerp_(p.detach(), 1 - self.cfg.train.ema_decay)
+        if self.anchor is not None and self.optimizer_steps % self.cfg.loss.anchor_refresh == 0:
+            with torch.no_grad():
+                for a, p in zip(self.anchor, self.params):
+                    a.copy_(p)
+        return float(norm)
+
+    class _Swap:
+        def __init__(self, params, values):
+            self.params, self.values = params, values
+
+        def __enter__(self):
+            self.saved = [p.detach().clone() for p in self.params]
+            with torch.no_grad():
+                for p, v in zip(self.params, self.values):
+                    p.copy_(v)
+
+        def __exit__(self, *exc):
+            with torch.no_grad():
+                for p, v in zip(self.params, self.saved):
+                    p.copy_(v)
+
+    def _swapped(self, values):
+        return self._Swap(self.params, values)
+
+    # ---------------------------------------------------------------- EVAL, SAVE, RESUME
+    def evaluate(self) -> dict:
+        from flowgrpo.evaluate import evaluate
+
+        e = self.cfg.eval
+        prompts, metadata = read_prompts(e.prompts, e.limit)
+        context = self._swapped(self.ema) if self.ema is not None else nullcontext()
+        with context:
+            summary, _ = evaluate(self.model, prompts, e.reward, metadata, seed=self.cfg.train.seed + 12345,
+                                  steps=e.steps, batch_size=e.batch_size, progress=False)
+        return {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))} | {
+            f"eval/per_task/{k}": v for k, v in summary.get("per_task", {}).items()}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"weights.{n}": p for n, p in zip(self.names, self.params)}
+        optim_tensors, _ = optimizer_to_flat(self.optimizer)
+        tensors.update(optim_tensors)
+        for prefix, values in (("ema", self.ema), ("anchor", self.anchor)):
+            if values is not None:
+                tensors.update({f"{prefix}.{n}": v for n, v in zip(self.names, values)})
+        return tensors
+
+    def save(self) -> None:
+        if not self.acc.is_main_process:
+            self.acc.wait_for_everyone()
+            return
+        _, optim_meta = optimizer_to_flat(self.optimizer)
+        state = {"iteration": self.iteration, "optimizer_steps": self.optimizer_steps, "optimizer": optim_meta,
+                 "schedule": self.schedule.state_dict(), "nfe": self.nfe.state_dict(), "config": to_yaml(self.cfg)}
+        save_checkpoint(self.cfg.run_dir / "checkpoints" / f"step_{self.iteration}", self.state_tensors(), state)
+        prune_checkpoints(self.cfg.run_dir, self.cfg.log.keep_checkpoints)
+        self.acc.wait_for_everyone()
+
+    def resume(self) -> bool:
+        found = checkpoint_dirs(self.cfg.run_dir)
+        if not (self.cfg.resume and found):
+            return False
+        tensors, state = load_checkpoint(found[-1])
+        with torch.no_grad():
+            for n, p in zip(self.names, self.params):
+                p.copy_(tensors[f"weights.{n}"])
+            for prefix, values in (("ema", self.ema), ("anchor", self.anchor)):
+                for n, v in zip(self.names, values or []):
+                    v.copy_(tensors[f"{prefix}.{n}"])
+        optimizer_from_flat(self.optimizer, tensors, state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.nfe.load_state_dict(state["nfe"])
+        self.iteration, self.optimizer_steps = state["iteration"], state["optimizer_steps"]
+        self.writer.info(f"resumed from {found[-1]} (iteration {self.iteration})")
+        return True
+
+    def _on_signal(self, signum, frame):
+        self.writer.warn(f"signal {signum}: saving a checkpoint after this iteration, then stopping")
+        self._stop = True
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> dict:
+        cfg = self.cfg
+        resumed = self.resume()
+        plan0 = self.schedule.plan(self.iteration)
+        counts = plan0.counts() if hasattr(plan0, "counts") else {}
+        self.writer.info(describe_batches(cfg, self.world, counts.get("leaves", 0), counts.get("trained", 0)))
+        self.writer.write_config(to_yaml(cfg))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread (e.g. inside some test runners)
+                pass
+        last = {}
+        if cfg.eval.at_start and not resumed and self.acc.is_main_process:
+            last = self.evaluate()
+            self.writer.log(0, last)
+        bar = tqdm(range(self.iteration, cfg.train.iterations), desc="grpo", initial=self.iteration,
+                   total=cfg.train.iterations, disable=not (cfg.log.progress and self.acc.is_main_process))
+        for iteration in bar:
+            self.iteration = iteration
+            times, started = {}, time.time()
+            batches = self.sample(iteration)
+            times["time/sample"] = time.time() - started
+            t0 = time.time()
+            advantages, stats = self.advantages(batches)
+            times["time/score_wait_and_advantage"] = time.time() - t0
+            t0 = time.time()
+            metrics = self.update(batches, advantages)
+            times["time/update"] = time.time() - t0
+            self.iteration = iteration + 1
+            leaf_rewards, leaf_adv = stats.pop("leaf_rewards"), stats.pop("leaf_advantages")
+            metrics.update(stats)
+            metrics.update(times)
+            metrics.update({f"nfe/{k}": v for k, v in self.nfe.as_dict().items()})
+            metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+            if cfg.log.samples_every and self.iteration % cfg.log.samples_every == 0:
+                self.writer.write_samples(self.iteration, batches, leaf_rewards, leaf_adv, [r.name for r in self.rewards],
+                                          cfg.log.samples_per_prompt, cfg.train.seed)
+            final = self.iteration == cfg.train.iterations
+            if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or final:
+                if self.acc.is_main_process:
+                    metrics.update(self.evaluate())
+                self.acc.wait_for_everyone()
+            metrics["time/iteration"] = time.time() - started
+            self.writer.log(self.iteration, metrics)
+            last = metrics
+            bar.set_postfix(reward=f"{metrics.get('reward/' + self.rewards[0].name + '_mean', 0):.3f}")
+            if final or self._stop or (cfg.log.save_every and self.iteration % cfg.log.save_every == 0):
+                self.save()
+            if self._stop:
+                break
+        self.pool.shutdown()
+        self.writer.close()
+        return last
+
+
+def train(cfg: Config) -> dict:
+    return Trainer(cfg).train()
