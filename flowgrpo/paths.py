@@ -12,6 +12,8 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR / "assets"
+# built-in models and the command that (re)builds each one
+BUILTIN_RECIPES = {"tiny-sd3": "flowgrpo pretrain-toy"}
 
 
 def _data_dir(name: str) -> Path:
@@ -50,6 +52,11 @@ def resolve_pretrained(name_or_path: str) -> str:
         return expanded
     if (ASSETS_DIR / name_or_path / "model_index.json").is_file():
         return str(ASSETS_DIR / name_or_path)
+    if name_or_path in BUILTIN_RECIPES:
+        raise FileNotFoundError(
+            f"built-in model {name_or_path!r} is not in {ASSETS_DIR}; build it with "
+            f"`{BUILTIN_RECIPES[name_or_path]}` (or reinstall flowgrpo from a full checkout)"
+        )
     if name_or_path.startswith((".", "/", "~")):
         raise FileNotFoundError(
             f"model folder {name_or_path!r} does not exist; pass an existing folder saved with "

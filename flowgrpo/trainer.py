@@ -67,14 +67,15 @@ class Trainer:
         self.acc = accelerator or Accelerator(cpu=cfg.train.cpu, mixed_precision=cfg.train.mixed_precision)
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         processes_check(cfg, self.world)
+        self.rewards = [load_reward(spec.name, **spec.kwargs) for spec in cfg.rewards]  # fail fast, before the model
         if cfg.model.device == "auto":
             cfg.model.device = str(self.acc.device)
+        torch.manual_seed(cfg.train.seed)  # LoRA initialisation draws from the global generator
         self.model = load_model(cfg.model)
         self.params = self.model.trainable_parameters()
         self.names = [f"p{i}" for i in range(len(self.params))]
         t = cfg.train
         self.optimizer = torch.optim.AdamW(self.params, lr=t.learning_rate, weight_decay=t.weight_decay, betas=tuple(t.adam_betas))
-        self.rewards = [load_reward(spec.name, **spec.kwargs) for spec in cfg.rewards]
         self.reward_weights = torch.tensor([spec.weight for spec in cfg.rewards], dtype=torch.float32)
         plan_kwargs = plan_arguments(cfg)
         plan_kwargs.setdefault("shift", cfg.sampling.shift or self.model.shift)
@@ -257,6 +258,10 @@ class Trainer:
             adv = torch.tensor([rows[i][2] for i in members], device=self.model.device)
             c = torch.tensor([coefs[i] for i in members], device=self.model.device)
             x, sigma, cond = rec.state[r], rec.sigma[r], b.cond.select(rec.cond_index[r])
+            anchor_mean = None
+            if self.anchor is not None:  # before the policy forward: the swap writes the weights in place
+                with torch.no_grad(), self._swapped(self.anchor):
+                    anchor_mean, _ = self._kernel(rec, r, x, self.model.velocity(x, sigma, cond, cfg.sampling.guidance_scale))
             v = self.model.velocity(x, sigma, cond, cfg.sampling.guidance_scale)
             self.nfe.add("train_forward", len(members))
             self.nfe.add("train_backward", len(members))
@@ -274,9 +279,7 @@ class Trainer:
                 if cfg.loss.kl_form == "flow_grpo":
                     kl_ref = kl_ref * (rec.sigma_next[r] - rec.sigma[r]).abs().to(kl_ref)
                 kl = kl + cfg.loss.kl_coef * kl_ref
-            if self.anchor is not None:
-                with torch.no_grad(), self._swapped(self.anchor):
-                    anchor_mean, _ = self._kernel(rec, r, x, self.model.velocity(x, sigma, cond, cfg.sampling.guidance_scale))
+            if anchor_mean is not None:
                 kl = kl + cfg.loss.anchor_kl_coef * gaussian_kl(mean, anchor_mean, std, cfg.sampling.reduce)
             if cfg.loss.rollout_kl_coef > 0:
                 kl = kl + cfg.loss.rollout_kl_coef * gaussian_kl(mean, rec.mean[r].to(mean), std, cfg.sampling.reduce)

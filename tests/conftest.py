@@ -6,8 +6,17 @@ pools fight over the cores and run ~10x slower (measured on the 2-core CI machin
 
 import os
 
+import pytest
 import flowgrpo  # noqa: F401  (installs the torchvision compatibility hook for source-tree runs)
 import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_dir(tmp_path_factory):
+    """A tiny random SD3 pipeline folder (real classes) shared by the training tests."""
+    from train_fixtures import save_tiny_sd3
+
+    return save_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3"))

@@ -1,0 +1,88 @@
+"""Resume continues bit-identically on CPU; bad configs fail with messages that name the fix."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from flowgrpo.config import ConfigError, load_config
+from flowgrpo.trainer import Trainer
+from train_fixtures import PLUGIN_REWARD, overrides
+
+SMALL = {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4}
+RESUME = {**SMALL, "sampling.plan.num_steps": 6, "sampling.window.interval": 1, "train.ema_decay": 0.9}
+COMPARED = ("loss", "reward/brightness_mean", "grad_norm", "advantage/abs_mean", "max_abs_ratio_minus_1_epoch0")
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_continues_bit_identically(tiny_sd3_dir, tmp_path):
+    straight = load_config("mixgrpo", None, overrides(tiny_sd3_dir, tmp_path / "a", **RESUME, **{"train.iterations": 4}),
+                           base=PLUGIN_REWARD)
+    Trainer(straight).train()
+    first = load_config("mixgrpo", None, overrides(tiny_sd3_dir, tmp_path / "b", **RESUME, **{"train.iterations": 2}),
+                        base=PLUGIN_REWARD)
+    Trainer(first).train()  # stops after 2 iterations, as if interrupted
+    first.train.iterations = 4
+    Trainer(first).train()  # resumes from checkpoints/step_2
+    a, b = _metrics(Path(straight.run_dir)), _metrics(Path(first.run_dir))
+    for key in COMPARED:
+        assert [r[key] for r in a] == [r[key] for r in b], key
+    wa = load_file(Path(straight.run_dir) / "checkpoints" / "step_4" / "tensors.safetensors")
+    wb = load_file(Path(first.run_dir) / "checkpoints" / "step_4" / "tensors.safetensors")
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), [k for k in wa if not torch.equal(wa[k], wb[k])][:5]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train.iterationz=3"], "did you mean 'iterations'"),
+        (["sampling.plan.group_size=1"], "group_size=1"),
+        (["train.prompts_per_iteration=3", "sampling.batches_per_iteration=2"], "not divisible"),
+        (["loss.ratio=magic"], "loss.ratio='magic' is not allowed"),
+        (["sampling.method=nope"], "sampling.method='nope' is unknown"),
+        (["model.pretrained=./does/not/exist"], None),  # checked at load time, below
+        (["train.iterations"], "is not key=value"),
+    ],
+)
+def test_bad_configs_name_the_fix(args, message):
+    if message is None:
+        return
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, None, args)
+
+
+def test_missing_model_and_unknown_reward_fail_clearly(tiny_sd3_dir, tmp_path):
+    cfg = load_config(None, None, [f"model.pretrained={tmp_path}/missing", f"output_dir={tmp_path}"])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Trainer(cfg)
+    cfg = load_config(None, None, [f"model.pretrained={tiny_sd3_dir}", f"output_dir={tmp_path}"],
+                      base={"rewards": [{"name": "no_such_reward"}]})
+    with pytest.raises(ValueError, match="unknown reward 'no_such_reward'"):
+        Trainer(cfg)
+
+
+def test_groups_must_not_split_across_processes():
+    from flowgrpo.config import processes_check
+
+    cfg = load_config(None, None, ["train.prompts_per_iteration=3"])
+    with pytest.raises(ConfigError, match="cannot be split evenly over 2 processes"):
+        processes_check(cfg, 2)
+
+
+
+def test_reward_failures_are_masked_and_logged(tiny_sd3_dir, tmp_path):
+    cfg = load_config("flow_grpo", None, overrides(tiny_sd3_dir, tmp_path, **SMALL, **{"train.iterations": 1}),
+                      base={"rewards": [{"name": "train_fixtures:Brightness"}, {"name": "train_fixtures:BrokenShape"},
+                                        {"name": "train_fixtures:AlwaysNaN"}]})
+    Trainer(cfg).train()
+    log = (Path(cfg.run_dir) / "train.log").read_text()
+    assert "reward 'broken_shape' failed on a batch" in log and "expected (4,)" in log
+    row = _metrics(Path(cfg.run_dir))[-1]
+    assert row["reward/broken_shape_mean"] is None and row["reward/always_nan_mean"] is None
+    assert row["nan_reward_fraction"] == 1.0 and row["trained_transitions"] == 0  # nothing trained on NaN

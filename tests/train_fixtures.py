@@ -1,0 +1,58 @@
+"""A tiny random SD3 of the real classes, saved once per test session, for training tests."""
+
+from flowgrpo.tiny import TinySD3Sizes, build_clip_tokenizer, build_tiny_sd3_pipeline
+from rewards.toy import world
+
+TRAIN_SIZES = TinySD3Sizes(vae_channels=(16, 16, 16), text_width=32, text_layers=2, num_layers=1, num_heads=2, head_dim=16)
+
+
+def save_tiny_sd3(folder) -> str:
+    corpus = [p.text for p in world.train_prompts() + world.eval_prompts()]
+    build_tiny_sd3_pipeline(build_clip_tokenizer(corpus, 16), TRAIN_SIZES, seed=0).save_pretrained(folder)
+    return str(folder)
+
+
+def overrides(model_dir: str, out_dir, **extra) -> list[str]:
+    """Small, fast settings: 2 prompts x group 2, 2 iterations, tiny eval."""
+    base = {
+        "model.pretrained": model_dir, "model.lora_rank": 4, "model.lora_alpha": 4.0, "output_dir": str(out_dir),
+        "train.iterations": 2, "train.prompts_per_iteration": 2, "train.cpu": True, "eval.limit": 4,
+        "eval.steps": 2, "eval.every": 0, "eval.reward": "toy", "eval.at_start": False, "log.samples_every": 1, "log.save_every": 1,
+        "log.progress": False, "log.tensorboard": False, "train.learning_rate": 1e-2,
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+from rewards.base import Reward, RewardOutput  # noqa: E402
+import torch  # noqa: E402
+
+
+class Brightness(Reward):
+    """Mean pixel value: a reward that varies on any image, loaded by dotted path as a plug-in."""
+
+    name = "brightness"
+
+    def score_uint8(self, images, prompts, metadata):
+        return RewardOutput(images.float().mean(dim=(1, 2, 3)) / 255.0)
+
+
+PLUGIN_REWARD = {"rewards": [{"name": "train_fixtures:Brightness"}]}
+
+
+class BrokenShape(Reward):
+    """Returns one score too many: the trainer must mask the batch and log it."""
+
+    name = "broken_shape"
+
+    def score_uint8(self, images, prompts, metadata):
+        return RewardOutput(torch.zeros(len(prompts) + 1))
+
+
+class AlwaysNaN(Reward):
+    """Not applicable to anything: NaN scores are never trained on."""
+
+    name = "always_nan"
+
+    def score_uint8(self, images, prompts, metadata):
+        return RewardOutput(torch.full((len(prompts),), float("nan")))
