@@ -1,41 +1,49 @@
 """Reward plug-ins: a reward is a small class (see ``rewards.base.Reward``), found by name or path.
 
-``load_reward("toy")`` builds a registered reward; ``load_reward("my_pkg.my_mod:MyReward")`` (or
-``my_pkg.my_mod.MyReward``) loads any out-of-tree class with the same contract.
+``load_reward("pickscore", divide_by=26)`` builds a registered reward; ``load_reward("my_pkg.my_mod:MyReward")``
+(or ``my_pkg.my_mod.MyReward``) loads any out-of-tree class with the same contract. Several weighted
+rewards, scored asynchronously with retries: ``rewards.runner.RewardRunner``. See docs/rewards.md.
 """
 
 from __future__ import annotations
 
-import importlib
-
 from rewards.base import Reward, RewardOutput
+from rewards.common import import_object
 
 # name -> "module:Class"; imported lazily so optional dependencies load only when used
 REGISTRY: dict[str, str] = {
     "toy": "rewards.toy.scorer:ToyScorer",
+    "pickscore": "rewards.clip_rewards:PickScore",
+    "clipscore": "rewards.clip_rewards:CLIPScore",
+    "hpsv2": "rewards.hps:HPSv2",
+    "imagereward": "rewards.image_reward:ImageReward",
+    "aesthetic": "rewards.aesthetic:LaionAesthetic",
+    "jpeg_compressibility": "rewards.jpeg:JpegCompressibility",
+    "jpeg_incompressibility": "rewards.jpeg:JpegIncompressibility",
+    "ocr": "rewards.ocr:OCRReward",
+    "per_frame": "rewards.video:PerFrame",
+    "temporal_consistency": "rewards.video:TemporalConsistency",
+    "videoalign": "rewards.video:VideoAlign",
+    "remote": "rewards.remote:RemoteReward",
+    "vlm_judge": "rewards.vlm:VLMJudge",
 }
 
 
 def load_reward(name: str, **kwargs) -> Reward:
     """Instantiate a reward by registered name or by dotted path ``package.module:Class``."""
     target = REGISTRY.get(name, name)
-    if ":" in target:
-        module_name, class_name = target.split(":", 1)
-    elif "." in target:
-        module_name, class_name = target.rsplit(".", 1)
-    else:
+    if ":" not in target and "." not in target:
         raise ValueError(
             f"unknown reward {name!r}; use one of {sorted(REGISTRY)} or a dotted path such as "
             "'my_package.my_module:MyReward'"
         )
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load reward {name!r} from {target!r}: {exc}") from exc
-    reward = cls(**kwargs)
-    if not isinstance(reward, Reward):
+        cls = import_object(target)
+    except ValueError as exc:
+        raise ValueError(f"cannot load reward {name!r} from {target!r}: {exc.__cause__ or exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Reward)):
         raise TypeError(f"{target} is not a rewards.base.Reward subclass")
-    return reward
+    return cls(**kwargs)
 
 
 __all__ = ["REGISTRY", "Reward", "RewardOutput", "load_reward"]

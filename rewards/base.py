@@ -1,8 +1,17 @@
-"""The reward contract: every reward takes a float image batch and prompts and returns RewardOutput.
+"""The reward contract: every reward takes a float image (or video) batch and prompts and returns RewardOutput.
 
 Rewards see images exactly as a user would save them: `Reward.to_uint8` rounds [0, 1] floats to
 uint8 once, here, so no reward redoes (or forgets) the conversion. A score of NaN means "not
 applicable to this sample", never a sentinel number.
+
+Shapes by `modality`:
+
+    "image"  images float [B, 3, H, W]
+    "video"  videos float [B, F, 3, H, W] (F frames); lift an image reward with rewards.video.PerFrame
+    "both"   either of the two
+
+A subclass sets `name` and `modality` and implements `score_uint8(images_uint8, prompts, metadata)`;
+`Reward.score` is the same call for batches that are already uint8 (used by wrappers and the server).
 """
 
 from __future__ import annotations
@@ -10,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+MODALITIES = ("image", "video", "both")
 
 
 @dataclass
@@ -27,16 +38,28 @@ class Reward:
     def __call__(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
     ) -> RewardOutput:
-        """images: float [B, 3, H, W] RGB in [0, 1]; prompts: B strings; metadata: None or B dicts."""
-        images_uint8 = self.to_uint8(images)
-        batch = images_uint8.shape[0]
-        if len(prompts) != batch:
-            raise ValueError(f"{self.name}: got {batch} images but {len(prompts)} prompts; pass one prompt per image")
+        """images: float [B, 3, H, W] (image) or [B, F, 3, H, W] (video) RGB in [0, 1]; prompts: B
+        strings; metadata: None or B dicts."""
+        return self.score(self.to_uint8(images), prompts, metadata)
+
+    def score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
+    ) -> RewardOutput:
+        """`__call__` for a batch already rounded to uint8 [B, 3, H, W] or [B, F, 3, H, W]."""
+        if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
+            raise TypeError(f"{self.name}: score() takes a uint8 tensor; call the reward on float images in [0, 1] instead")
+        self._check_shape(images)
+        batch = images.shape[0]
+        if isinstance(prompts, str) or len(prompts) != batch:
+            got = "a single string" if isinstance(prompts, str) else f"{len(prompts)} prompts"
+            raise ValueError(f"{self.name}: got {batch} images but {got}; pass one prompt per image")
         if metadata is not None and len(metadata) != batch:
             raise ValueError(
                 f"{self.name}: got {batch} images but {len(metadata)} metadata entries; pass one per image or None"
             )
-        out = self.score_uint8(images_uint8, list(prompts), metadata)
+        out = self.score_uint8(images, list(prompts), None if metadata is None else list(metadata))
+        if not isinstance(out, RewardOutput):
+            raise RuntimeError(f"{self.name}: score_uint8 returned {type(out).__name__}, expected RewardOutput")
         if out.scores.shape != (batch,) or out.scores.dtype != torch.float32:
             raise RuntimeError(
                 f"{self.name}: returned scores {tuple(out.scores.shape)} {out.scores.dtype}, expected ({batch},) float32"
@@ -46,18 +69,43 @@ class Reward:
     def score_uint8(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None
     ) -> RewardOutput:
-        """images: uint8 [B, 3, H, W] RGB."""
+        """images: uint8 [B, 3, H, W] RGB (or [B, F, 3, H, W] for video rewards)."""
         raise NotImplementedError
 
+    def _check_shape(self, images: torch.Tensor) -> None:
+        if self.modality not in MODALITIES:
+            raise ValueError(f"{self.name}: modality {self.modality!r} is not one of {MODALITIES}")
+        shape = tuple(images.shape)
+        if images.ndim == 5 and shape[2] == 3:
+            if self.modality == "image":
+                raise ValueError(
+                    f"{self.name}: is an image reward but got a video batch {shape}; wrap it as "
+                    f"rewards.video.PerFrame(reward, reduce='mean') to score videos frame by frame"
+                )
+            return
+        if images.ndim == 4 and shape[1] == 3:
+            if self.modality == "video":
+                raise ValueError(
+                    f"{self.name}: is a video reward and takes [B, F, 3, H, W], got {shape}; "
+                    "give single images a frame axis with images.unsqueeze(1)"
+                )
+            return
+        if images.ndim == 5:
+            raise ValueError(
+                f"{self.name}: videos must be [B, F, 3, H, W] RGB, got shape {shape}; "
+                "permute channels-last videos with videos.permute(0, 1, 4, 2, 3)"
+            )
+        raise ValueError(
+            f"{self.name}: images must be [B, 3, H, W] RGB, got shape {shape}; "
+            "permute channels-last images with images.permute(0, 3, 1, 2)"
+        )
+
     def to_uint8(self, images: torch.Tensor) -> torch.Tensor:
-        """Validate a float [B, 3, H, W] batch in [0, 1] and round it to uint8 [B, 3, H, W]."""
+        """Validate a float batch in [0, 1] ([B, 3, H, W] or, for video rewards, [B, F, 3, H, W]) and
+        round it to uint8 of the same shape."""
         if not isinstance(images, torch.Tensor):
             raise TypeError(f"{self.name}: images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}")
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(
-                f"{self.name}: images must be [B, 3, H, W] RGB, got shape {tuple(images.shape)}; "
-                "permute channels-last images with images.permute(0, 3, 1, 2)"
-            )
+        self._check_shape(images)
         if not images.is_floating_point():
             raise TypeError(f"{self.name}: images must be float in [0, 1], got {images.dtype}; use images.float() / 255")
         if images.numel():
@@ -68,3 +116,6 @@ class Reward:
                     "map [-1, 1] model output with (x / 2 + 0.5).clamp(0, 1)"
                 )
         return (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, modality={self.modality!r})"
