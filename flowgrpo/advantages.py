@@ -95,11 +95,12 @@ def tree_advantages(node_values: torch.Tensor, node_depth: torch.Tensor, eps: fl
     for depth in node_depth.unique().tolist():
         cols = (node_depth == depth).nonzero().squeeze(1)
         vals = node_values[:, cols].double()
-        if cols.numel() < 2:
-            continue
-        mean = vals.mean(1, keepdim=True)
-        std = vals.std(1, unbiased=False, keepdim=True)
-        adv[:, cols] = torch.where(std < 1e-12, torch.zeros_like(vals), (vals - mean) / (std + eps))
+        valid = ~torch.isnan(vals)
+        count = valid.sum(1, keepdim=True).clamp(min=1)
+        mean = torch.where(valid, vals, 0.0).sum(1, keepdim=True) / count
+        std = (torch.where(valid, (vals - mean) ** 2, 0.0).sum(1, keepdim=True) / count).sqrt()
+        z = torch.where(std < 1e-12, torch.zeros_like(vals), (vals - mean) / (std + eps))
+        adv[:, cols] = torch.where(valid, z, torch.full_like(vals, float("nan")))  # NaN nodes stay NaN
     return adv.float()
 
 
@@ -146,7 +147,9 @@ def best_of_n_mask(advantages: torch.Tensor, groups: torch.Tensor, n: int) -> to
         return ~keep
     half = max(1, n // 2)
     for g in groups.unique().tolist():
-        rows = (groups == g).nonzero().squeeze(1)
+        rows = ((groups == g) & ~torch.isnan(advantages)).nonzero().squeeze(1)  # NaN rows are never picked
+        if rows.numel() == 0:
+            continue
         order = rows[torch.argsort(advantages[rows], stable=True)]
         keep[order[:half]] = True
         keep[order[-half:]] = True

@@ -53,7 +53,11 @@ def step_weights(kind: str, kernels: list[str], sigma, sigma_next, eta) -> torch
             rows = torch.tensor([k == name for k in kernels], device=sigma.device)
             _, b, s = kernel_coefficients(name, sigma[rows].double(), sigma_next[rows].double(), eta[rows].double())
             g[rows] = (b.abs() / s).double()
-        return (g.median() / g).float()
+        # median over the distinct steps (not over rows: a step with more transitions must not count
+        # more), interpolated for an even number of steps
+        _, first = torch.unique(torch.stack([sigma.double(), sigma_next.double()], 1), dim=0, return_inverse=True)
+        per_step = torch.zeros(int(first.max()) + 1, dtype=torch.float64, device=g.device).index_copy_(0, first, g)
+        return (torch.quantile(per_step, 0.5) / g).float()
     raise ValueError(f"step_weight={kind!r}; use none, inv_delta or sage")
 
 

@@ -69,7 +69,8 @@ class Trainer:
         processes_check(cfg, self.world)
         self.rewards = [load_reward(spec.name, **spec.kwargs) for spec in cfg.rewards]  # fail fast, before the model
         if cfg.model.device == "auto":
-            cfg.model.device = str(self.acc.device)
+            device = self.acc.device
+            cfg.model.device = "cpu" if device.type == "cpu" else str(device)
         torch.manual_seed(cfg.train.seed)  # LoRA initialisation draws from the global generator
         self.model = load_model(cfg.model)
         self.params = self.model.trainable_parameters()
@@ -156,6 +157,8 @@ class Trainer:
         all_r, all_g = self._gather(local_r), self._gather(local_g)
         signal_all = adv_lib.combine_rewards(all_r, self.reward_weights, all_g, cfg.multi_reward, cfg.eps)
         leaf_adv_all, stats = adv_lib.group_zscore(signal_all, all_g, cfg.std, cfg.eps)
+        if all_r.shape[1] > 1 and cfg.multi_reward == "gdpo":
+            leaf_adv_all = signal_all.float()  # GDPO's batch z-score of the summed group z-scores is the advantage
         start = self.rank * local_r.shape[0]
         leaf_adv = leaf_adv_all[start : start + local_r.shape[0]]
         signal = signal_all[start : start + local_r.shape[0]]
@@ -179,8 +182,9 @@ class Trainer:
                 t_adv = torch.where(rec.transition_values(keep.float()) > 0.5, t_adv, torch.full_like(t_adv, float("nan")))
             out.append(t_adv.clamp(-cfg.clip, cfg.clip))
             offset += n
-        all_adv = torch.cat(out) if out else torch.zeros(0)
-        stats.update({"advantage/mean": float(torch.nanmean(all_adv)), "advantage/abs_mean": float(torch.nanmean(all_adv.abs())),
+        # statistics over every process's leaves (identical on 1 or N processes)
+        stats.update({"advantage/mean": float(torch.nanmean(leaf_adv_all)),
+                      "advantage/abs_mean": float(torch.nanmean(leaf_adv_all.abs())),
                       "leaf_rewards": local_r, "leaf_advantages": leaf_adv})
         return out, stats
 
@@ -283,12 +287,13 @@ class Trainer:
                 kl = kl + cfg.loss.anchor_kl_coef * gaussian_kl(mean, anchor_mean, std, cfg.sampling.reduce)
             if cfg.loss.rollout_kl_coef > 0:
                 kl = kl + cfg.loss.rollout_kl_coef * gaussian_kl(mean, rec.mean[r].to(mean), std, cfg.sampling.reduce)
-            total = total + (c * (loss + kl)).sum() * self.world  # all-reduce sums gradients over processes
+            # coefficients are normalised over all processes, so summing gradients over them is exact
+            total = total + (c * (loss + kl)).sum()
             for key in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl"):
                 out[key].append(d[key].float().cpu())
             out["kl"].append(kl.detach().float().cpu())
             out["step"].append(rec.step[r].cpu())
-        return total / self.world, {k: torch.cat(v) for k, v in out.items()}
+        return total, {k: torch.cat(v) for k, v in out.items()}
 
     @staticmethod
     def _kernel(rec, r, x, v):

@@ -114,15 +114,20 @@ class Trajectory:
 
     def node_values(self, leaf_values: torch.Tensor) -> torch.Tensor:
         """Mean of descendant leaf values for every node: [L] or [L, K] → [P, Nn] or [P, Nn, K]
-        (leaf rows in record order). BranchGRPO's r̄(n); for a chain it is the chain's reward."""
+        (leaf rows in record order). BranchGRPO's r̄(n); for a chain it is the chain's reward.
+        NaN leaves are left out of the means; a node with no valid leaf below it is NaN."""
         if leaf_values.shape[0] != self.num_leaves:
             raise ValueError(f"need one value per leaf ({self.num_leaves}), got {leaf_values.shape[0]}")
         P, Nn = self.num_prompts, self.node_parent.numel()
         extra = tuple(leaf_values.shape[1:])
         total = torch.zeros((P, Nn) + extra, dtype=torch.float64, device=leaf_values.device)
         count = torch.zeros((P, Nn), dtype=torch.float64, device=leaf_values.device)
-        total[self.leaf_prompt, self.leaf_node] = leaf_values.to(torch.float64)
-        count[self.leaf_prompt, self.leaf_node] = 1.0
+        valid = ~torch.isnan(leaf_values.to(torch.float64))
+        if extra:  # a leaf counts for a node's mean only where all its values are valid
+            valid = valid.flatten(1).all(1)
+        filled = torch.where(valid.view((-1,) + (1,) * len(extra)), leaf_values.to(torch.float64), 0.0)
+        total[self.leaf_prompt, self.leaf_node] = filled
+        count[self.leaf_prompt, self.leaf_node] = valid.to(torch.float64)
         parents = self.node_parent.tolist()
         for node in range(Nn - 1, -1, -1):  # children have larger ids than their parents
             par = parents[node]
@@ -130,7 +135,8 @@ class Trajectory:
                 total[:, par] += total[:, node]
                 count[:, par] += count[:, node]
         count = count.view((P, Nn) + (1,) * len(extra))
-        return (total / count).to(leaf_values.dtype)
+        # NaN (not applicable / failed) leaves are left out; a node with no valid leaf below is NaN
+        return torch.where(count > 0, total / count.clamp(min=1), float("nan")).to(leaf_values.dtype)
 
     def transition_values(self, leaf_values: torch.Tensor) -> torch.Tensor:
         """node_values at each transition's x' ([M] or [M, K]): the value the edge is credited with."""
