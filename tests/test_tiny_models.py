@@ -49,4 +49,4 @@ def test_tokenizer_is_a_pure_function_of_its_corpus():
     corpus = ["a photo of a red circle left of a blue square", "three green triangles", "four circles"]
     a, b = build_clip_tokenizer(corpus), build_clip_tokenizer(list(reversed(corpus)))
     assert a.get_vocab() == b.get_vocab()
-    assert len(a("a photo of a red circle left of a blue square").input_ids) == 2 + 10  # one token a word
+    assert len(a("a photo of a red circle left of a blue square").input_ids) == 2 + 11  # one token a word
