@@ -404,6 +404,37 @@ class Trainer:
         self._stop = True
 
     # ---------------------------------------------------------------- the loop
+    def step(self, iteration: int) -> dict:
+        """One iteration: SAMPLE -> SCORE -> ADVANTAGE -> UPDATE -> LOG (evaluation when due)."""
+        cfg = self.cfg
+        self.iteration = iteration
+        times, started = {}, time.time()
+        batches = self.sample(iteration)
+        times["time/sample"] = time.time() - started
+        t0 = time.time()
+        advantages, stats = self.advantages(batches)
+        times["time/score_wait_and_advantage"] = time.time() - t0
+        t0 = time.time()
+        metrics = self.update(batches, advantages)
+        times["time/update"] = time.time() - t0
+        self.iteration = iteration + 1
+        leaf_rewards, leaf_adv = stats.pop("leaf_rewards"), stats.pop("leaf_advantages")
+        metrics.update(stats)
+        metrics.update(times)
+        metrics.update({f"nfe/{k}": v for k, v in self.nfe.as_dict().items()})
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        if cfg.log.samples_every and self.iteration % cfg.log.samples_every == 0:
+            self.writer.write_samples(self.iteration, batches, leaf_rewards, leaf_adv, [r.name for r in self.rewards],
+                                      cfg.log.samples_per_prompt, cfg.train.seed)
+        final = self.iteration == cfg.train.iterations
+        if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or final:
+            if self.acc.is_main_process:
+                metrics.update(self.evaluate())
+            self.acc.wait_for_everyone()
+        metrics["time/iteration"] = time.time() - started
+        self.writer.log(self.iteration, metrics)
+        return metrics
+
     def train(self) -> dict:
         cfg = self.cfg
         resumed = self.resume()
@@ -423,34 +454,9 @@ class Trainer:
         bar = tqdm(range(self.iteration, cfg.train.iterations), desc="grpo", initial=self.iteration,
                    total=cfg.train.iterations, disable=not (cfg.log.progress and self.acc.is_main_process))
         for iteration in bar:
-            self.iteration = iteration
-            times, started = {}, time.time()
-            batches = self.sample(iteration)
-            times["time/sample"] = time.time() - started
-            t0 = time.time()
-            advantages, stats = self.advantages(batches)
-            times["time/score_wait_and_advantage"] = time.time() - t0
-            t0 = time.time()
-            metrics = self.update(batches, advantages)
-            times["time/update"] = time.time() - t0
-            self.iteration = iteration + 1
-            leaf_rewards, leaf_adv = stats.pop("leaf_rewards"), stats.pop("leaf_advantages")
-            metrics.update(stats)
-            metrics.update(times)
-            metrics.update({f"nfe/{k}": v for k, v in self.nfe.as_dict().items()})
-            metrics["lr"] = self.optimizer.param_groups[0]["lr"]
-            if cfg.log.samples_every and self.iteration % cfg.log.samples_every == 0:
-                self.writer.write_samples(self.iteration, batches, leaf_rewards, leaf_adv, [r.name for r in self.rewards],
-                                          cfg.log.samples_per_prompt, cfg.train.seed)
+            last = self.step(iteration)
+            bar.set_postfix(reward=f"{last.get('reward/' + self.rewards[0].name + '_mean', 0):.3f}")
             final = self.iteration == cfg.train.iterations
-            if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or final:
-                if self.acc.is_main_process:
-                    metrics.update(self.evaluate())
-                self.acc.wait_for_everyone()
-            metrics["time/iteration"] = time.time() - started
-            self.writer.log(self.iteration, metrics)
-            last = metrics
-            bar.set_postfix(reward=f"{metrics.get('reward/' + self.rewards[0].name + '_mean', 0):.3f}")
             if final or self._stop or (cfg.log.save_every and self.iteration % cfg.log.save_every == 0):
                 self.save()
             if self._stop:

@@ -1,0 +1,60 @@
+"""Every method preset on the tiny model with the same wall-clock budget.
+
+    python benchmarks/bench_methods.py [--minutes 5] [--presets flow_grpo,mixgrpo,...]
+
+Prints, per preset: seconds per iteration by phase (sample, score+advantage, update), rollout and
+training NFEs per iteration, and the held-out toy score reached at fixed times.
+"""
+
+import argparse
+import json
+import time
+
+from flowgrpo.config import load_config
+from flowgrpo.trainer import Trainer
+
+DEFAULT = "flow_grpo,dancegrpo,mixgrpo,mixgrpo_flash,branchgrpo,branchgrpo_mix,tempflow"
+
+
+def run(preset: str, minutes: float, checkpoints: list[float]) -> dict:
+    cfg = load_config(preset, None, [f"run_name=bench-{preset}", "resume=false", "train.iterations=100000",
+                                     "eval.every=0", "eval.at_start=false", "log.samples_every=0", "log.save_every=0",
+                                     "log.progress=false", "sampling.plan.group_size=8"])
+    if cfg.sampling.plan.get("group_size", 8) != 8 and preset.startswith(("branch", "tempflow")):
+        cfg.sampling.plan["group_size"] = 1
+    trainer = Trainer(cfg)
+    phases, iterations, scores, elapsed = {}, 0, {}, 0.0
+    pending = list(checkpoints)
+    while pending:
+        metrics = trainer.step(iterations)
+        iterations += 1
+        for key in ("time/sample", "time/score_wait_and_advantage", "time/update"):
+            phases[key] = phases.get(key, 0.0) + metrics.get(key, 0.0)
+        elapsed += metrics["time/iteration"] / 60  # training time only; evaluations are not counted
+        while pending and elapsed >= pending[0]:
+            scores[pending.pop(0)] = trainer.evaluate()["eval/mean_score"]
+    nfe = trainer.nfe.as_dict()
+    return {"preset": preset, "iterations": iterations,
+            **{k: v / iterations for k, v in phases.items()},
+            "rollout_nfe_per_iteration": nfe.get("rollout", 0) / iterations,
+            "train_nfe_per_iteration": nfe.get("train_forward", 0) / iterations, "scores": scores}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--presets", default=DEFAULT)
+    args = parser.parse_args()
+    checkpoints = [args.minutes / 2, args.minutes]
+    rows = [run(p, args.minutes, checkpoints) for p in args.presets.split(",")]
+    print(f"{'preset':16} {'s/it sample':>11} {'s/it score':>10} {'s/it update':>11} {'NFE roll':>8} {'NFE train':>9} "
+          + " ".join(f"{'score@' + str(c) + 'm':>10}" for c in checkpoints))
+    for r in rows:
+        print(f"{r['preset']:16} {r['time/sample']:11.2f} {r['time/score_wait_and_advantage']:10.2f} "
+              f"{r['time/update']:11.2f} {r['rollout_nfe_per_iteration']:8.0f} {r['train_nfe_per_iteration']:9.0f} "
+              + " ".join(f"{r['scores'].get(c, float('nan')):10.3f}" for c in checkpoints))
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
