@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ from flowgrpo.data import read_prompts
 from flowgrpo.loss import gaussian_kl, step_weights, transition_loss
 from flowgrpo.run_dir import RunWriter
 from rewards import load_reward
+from rewards.runner import RewardRunner
 
 
 @dataclass
@@ -91,7 +91,12 @@ class Trainer:
         self.nfe = samplers.NFECounter()
         self.iteration, self.optimizer_steps = 0, 0
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard)
-        self.pool = ThreadPoolExecutor(max_workers=1)  # rewards of batch b while batch b+1 samples
+        # rewards of batch b run in a worker thread while batch b+1 samples; a failing reward is
+        # retried, then gives NaN for that batch (masked out of the loss) and a warning
+        keys = [f"{r.name}" if [x.name for x in self.rewards].count(r.name) == 1 else f"{r.name}_{i}"
+                for i, r in enumerate(self.rewards)]
+        self.runner = RewardRunner({k: (r, spec.weight) for k, r, spec in zip(keys, self.rewards, cfg.rewards)},
+                                   retries=2, backoff_s=0.1, max_workers=1)
         self._stop = False
 
     # ---------------------------------------------------------------- helpers
@@ -109,19 +114,6 @@ class Trainer:
         position = iteration * self.cfg.train.prompts_per_iteration + slot
         epoch, offset = divmod(position, len(self.prompts))
         return int(_seeded_permutation(len(self.prompts), self.cfg.train.seed, 7, epoch)[offset])
-
-    def _score(self, images: torch.Tensor, texts: list[str], metadata: list[dict]) -> torch.Tensor:
-        columns = []
-        for reward in self.rewards:
-            try:
-                scores = reward(images, texts, metadata).scores.float()
-                if scores.shape != (len(texts),):
-                    raise ValueError(f"reward {reward.name!r} returned shape {tuple(scores.shape)}, expected ({len(texts)},)")
-            except Exception as exc:  # never crash the run; NaN scores are masked out of the loss
-                self.writer.warn(f"reward {getattr(reward, 'name', reward)!r} failed on a batch: {exc}")
-                scores = torch.full((len(texts),), float("nan"))
-            columns.append(scores)
-        return torch.stack(columns, 1)
 
     # ---------------------------------------------------------------- SAMPLE + SCORE
     @torch.no_grad()
@@ -142,7 +134,7 @@ class Trainer:
             leaf_texts = [texts[p] for p in record.leaf_prompt.tolist()]
             leaf_meta = [metadata[p] for p in record.leaf_prompt.tolist()]
             batch = Batch(record, cond, slots, texts, metadata, images.cpu())
-            batch.rewards = self.pool.submit(self._score, batch.images, leaf_texts, leaf_meta)
+            batch.rewards = self.runner.submit(batch.images, leaf_texts, leaf_meta)
             batches.append(batch)
         return batches
 
@@ -150,8 +142,11 @@ class Trainer:
     def advantages(self, batches: list[Batch]) -> tuple[list[torch.Tensor], dict]:
         """Per-transition advantages [M_b] for each batch (NaN = masked), and stats."""
         cfg = self.cfg.advantage
-        rewards = [b.rewards.result() for b in batches]
-        local_r = torch.cat(rewards)
+        results = [b.rewards.result() for b in batches]
+        for result in results:
+            for key, error in result.errors.items():
+                self.writer.warn(f"reward {key!r} failed on a batch after retries (scores set to NaN): {error}")
+        local_r = torch.cat([result.matrix().float() for result in results])
         gpp = batches[0].record.groups_per_prompt
         local_g = torch.cat([torch.tensor(b.slots)[b.record.leaf_prompt] * gpp + b.record.leaf_group % gpp for b in batches])
         all_r, all_g = self._gather(local_r), self._gather(local_g)
@@ -461,7 +456,7 @@ class Trainer:
                 self.save()
             if self._stop:
                 break
-        self.pool.shutdown()
+        self.runner.close()
         self.writer.close()
         return last
 
