@@ -158,8 +158,9 @@ class Trainer:
         leaf_adv = leaf_adv_all[start : start + local_r.shape[0]]
         signal = signal_all[start : start + local_r.shape[0]]
         stats.update({f"reward/{r.name}_mean": float(torch.nanmean(all_r[:, k])) for k, r in enumerate(self.rewards)})
-        stats.update({f"reward/{r.name}_std": float(all_r[:, k][~all_r[:, k].isnan()].std(unbiased=False))
-                      for k, r in enumerate(self.rewards)})
+        for k, r in enumerate(self.rewards):
+            valid = all_r[:, k][~all_r[:, k].isnan()]
+            stats[f"reward/{r.name}_std"] = float(valid.std(unbiased=False)) if valid.numel() else float("nan")
         out, offset = [], 0
         for b in batches:
             rec, n = b.record, b.record.num_leaves
