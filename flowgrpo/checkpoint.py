@@ -47,17 +47,27 @@ def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, tor
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
-def save_checkpoint(folder: Path, tensors: dict[str, torch.Tensor], state: dict) -> None:
-    """Write ``folder`` atomically (temp folder, then rename)."""
+def write_folder_atomically(folder: Path, build) -> None:
+    """``build(tmp)`` fills a temporary folder, which then replaces ``folder``: never half-written."""
     folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
+    tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp / "tensors.safetensors")
-    (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
+    build(tmp)
     if folder.exists():
-        shutil.rmtree(folder)
+        folder.rename(old)
     tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(folder: Path, tensors: dict[str, torch.Tensor], state: dict) -> None:
+    """Write ``folder`` atomically (temp folder, then rename)."""
+
+    def build(tmp: Path) -> None:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp / "tensors.safetensors")
+        (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
+
+    write_folder_atomically(folder, build)
 
 
 def load_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from flowgrpo.checkpoint import write_folder_atomically
 from flowgrpo.tiny import TinySD3Sizes, build_clip_tokenizer, build_tiny_sd3_pipeline
 from rewards.toy import world
 
@@ -70,19 +71,6 @@ def _generator(seed: int, stage: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + stage * 10_007 + step) % (2**63))
 
 
-def _atomic_save_dir(build, target: Path) -> None:
-    """Write a folder through ``build(tmp)`` then rename it into place: never a half-written state."""
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    build(tmp)
-    old = target.with_name(target.name + ".old")
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 class _State:
     """Checkpoint of one stage: module weights (safetensors), optimizer, EMA, step counter."""
 
@@ -103,7 +91,7 @@ class _State:
             torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             (tmp / "meta.json").write_text(json.dumps(meta))
 
-        _atomic_save_dir(build, self.folder)
+        write_folder_atomically(self.folder, build)
 
     def load(self, modules: dict, optimizer, ema: dict | None) -> dict:
         from safetensors.torch import load_file, load_model
@@ -217,7 +205,7 @@ def _swap_in_ema(modules: dict, ema: dict) -> dict:
 
 
 def save_pipeline(pipe, folder: Path) -> None:
-    _atomic_save_dir(lambda tmp: pipe.save_pretrained(tmp), folder)
+    write_folder_atomically(folder, lambda tmp: pipe.save_pretrained(tmp))
 
 
 def evaluate_snapshot(folder: Path, cfg: PretrainConfig) -> dict:
@@ -334,4 +322,4 @@ def save_pipeline_from_snapshot(snapshot: Path, output: Path) -> None:
     if not (snapshot / "model_index.json").is_file():
         raise FileNotFoundError(f"no evaluated snapshot in {snapshot}; run the flow stage to its first evaluation")
     output.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_save_dir(lambda tmp: shutil.copytree(snapshot, tmp, dirs_exist_ok=True), output)
+    write_folder_atomically(output, lambda tmp: shutil.copytree(snapshot, tmp, dirs_exist_ok=True))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowgrpo.models import load_model
 from flowgrpo.tiny import build_clip_tokenizer, build_tiny_flux_pipeline
+from model_helpers import latents, load_family, perturb_lora  # noqa: E402
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle left of a yellow star"]
 # FLUX.1-dev's scheduler_config.json: the shift depends on the number of image tokens
@@ -49,29 +49,7 @@ def flux_cfg_folder(tmp_path_factory):
 
 
 def load(folder, **overrides):
-    cfg = dict(
-        family="flux",
-        pretrained=folder,
-        resolution=32,
-        device="cpu",
-        max_sequence_length=16,
-        guidance_scale=3.5,
-        lora_rank=4,
-        lora_alpha=8.0,
-    )
-    cfg.update(overrides)
-    return load_model(cfg)
-
-
-def latents(model, n, seed=0):
-    return torch.randn(n, *model.latent_shape(), generator=torch.Generator().manual_seed(seed))
-
-
-def perturb_lora(model, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.trainable_parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    return load_family("flux", folder, 3.5, **overrides)
 
 
 def pipeline_first_step(folder, x0, guidance_scale, **call_kwargs):

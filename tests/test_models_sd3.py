@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowgrpo.models import Conditioning, load_model
+from flowgrpo.models import Conditioning
 from flowgrpo.tiny import TinySD3Sizes, build_clip_tokenizer, build_tiny_sd3_pipeline
+from model_helpers import latents, load_family, perturb_lora  # noqa: E402
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle left of a yellow star"]
 SIZES = TinySD3Sizes(
@@ -35,29 +36,7 @@ def sd3_folder(tmp_path_factory):
 
 
 def load(folder, **overrides):
-    cfg = dict(
-        family="sd3",
-        pretrained=folder,
-        resolution=32,
-        device="cpu",
-        max_sequence_length=16,
-        guidance_scale=4.5,
-        lora_rank=4,
-        lora_alpha=8.0,
-    )
-    cfg.update(overrides)
-    return load_model(cfg)
-
-
-def latents(model, n, seed=0):
-    return torch.randn(n, *model.latent_shape(), generator=torch.Generator().manual_seed(seed))
-
-
-def perturb_lora(model, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.trainable_parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    return load_family("sd3", folder, 4.5, **overrides)
 
 
 def pipeline(folder):
