@@ -62,6 +62,8 @@ class LossConfig:
     anchor_refresh: int = 10  # SAGE: optimizer steps between anchor refreshes
     rollout_kl_coef: float = 0.0  # SAGE: KL to the rollout policy μ_old (0 = off)
     normalize: str = "group"  # loss normalisation: group (per group or tree, by its trained transitions) | transition (plain mean)
+    likelihood_backend: str = "reference"  # per-transition likelihood terms (flowgrpo/ops.py): reference (PyTorch, the
+    #   specification) | fused (the csrc/ op; fails with instructions if it cannot be built) | auto (fused when it can)
 
 
 @dataclass
@@ -100,6 +102,7 @@ class LogConfig:
     samples_per_prompt: int = 4  # leaves written per prompt when samples are written
     tensorboard: bool = True  # also write TensorBoard events (needs the tensorboard package)
     progress: bool = True  # progress bars
+    wandb: bool = False  # also log metrics to Weights & Biases (pip install wandb; project "flowgrpo", run = run_name)
 
 
 @dataclass
@@ -131,6 +134,7 @@ _CHOICES = {
     "loss.step_weight": ("none", "inv_delta", "sage"),
     "loss.kl_form": ("exact", "flow_grpo"),
     "loss.normalize": ("group", "transition"),
+    "loss.likelihood_backend": ("reference", "fused", "auto"),
     "train.mixed_precision": ("no", "bf16", "fp16"),
 }
 

@@ -4,8 +4,10 @@ For trained transition t (sample i, step j) with advantage A:
   ratio ρ = exp(lp_θ − lp_old) (plain), or GRPO-Guard's exp(reduce_D(ε_s·δ)) with δ = μ_θ − μ_old
   and ε_s = (x' − μ_old)/s per sample (never averaged over the batch);
   L = max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε)) · step weight, plus KL terms.
-All math in fp32 (float64 inputs stay float64). ``transition_loss`` returns the per-transition loss
-and the diagnostics the trainer logs (clip fractions split by ρ > 1 and ρ < 1, approximate KL).
+All math in fp32 (float64 inputs stay float64). ``transition_loss`` is the specification on tensors
+(μ_θ, μ_old, x'); the trainer gets the same log-ratios from ``flowgrpo.ops.transition_terms`` (the
+reference or the fused backend) and calls ``clipped_policy_loss``, which returns the per-transition
+loss and the diagnostics it logs (clip fractions split by ρ > 1 and ρ < 1, approximate KL).
 """
 
 from __future__ import annotations
@@ -84,6 +86,16 @@ def transition_loss(
         log_ratio = log_ratio_plain
     else:
         raise ValueError(f"ratio={ratio_form!r}; use plain or guard")
+    return clipped_policy_loss(log_ratio, log_ratio_plain, advantages, clip_range)
+
+
+def clipped_policy_loss(
+    log_ratio: torch.Tensor,  # [M] the ratio used (plain or GRPO-Guard), with grad
+    log_ratio_plain: torch.Tensor,  # [M] lp_θ − lp_old (for the approximate KL diagnostic)
+    advantages: torch.Tensor,  # [M]
+    clip_range: float,
+) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped loss [M] from log-ratios, and diagnostics (tensors [M], detached)."""
     ratio = torch.exp(log_ratio)
     loss = ppo_clip(ratio, advantages.to(ratio), clip_range)
     with torch.no_grad():

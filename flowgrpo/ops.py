@@ -393,6 +393,14 @@ def _affine(x, w, a, b, dtype):
     return out
 
 
+def kernel_mean(x: torch.Tensor, v: torch.Tensor, a, b) -> torch.Tensor:
+    """μ = a·x + b·v ([N, *latent], compute dtype) with a, b from ``transition_coefficients``,
+    rounded exactly as ``samplers.kernels`` and ``transition_terms`` round a kernel mean."""
+    n = x.shape[0]
+    a, b = _per_sample(a, n, x.device, "a"), _per_sample(b, n, x.device, "b")
+    return _affine(x, v, a, b, compute_dtype(x.dtype))
+
+
 def _reference_terms(x, v, x_next, a, b, std, old, old_is_velocity, ref, ref_is_velocity, reduce, return_mean):
     """The specification: samplers' kernel-mean arithmetic and log_prob, MATH.md §3 in PyTorch."""
     dtype = compute_dtype(x.dtype)

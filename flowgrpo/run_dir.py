@@ -29,12 +29,18 @@ def _clean(value):
 
 
 class RunWriter:
-    def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True, wandb: bool = False):
         self.dir, self.enabled = Path(run_dir), enabled
-        self.tb = None
+        self.tb = self.wandb = None
         if not enabled:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
+        if wandb:
+            try:
+                import wandb as wandb_lib
+            except ImportError:
+                raise ImportError("log.wandb=true needs the wandb package: pip install wandb (or set log.wandb=false)") from None
+            self.wandb = wandb_lib.init(project="flowgrpo", name=self.dir.name, dir=str(self.dir))
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -72,6 +78,8 @@ class RunWriter:
             for key, value in row.items():
                 if isinstance(value, (int, float)) and key != "iteration":
                     self.tb.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "iteration"}, step=step)
 
     def write_samples(self, step, batches, leaf_rewards, leaf_advantages, reward_names, per_prompt: int, seed: int) -> None:
         """PNGs of up to ``per_prompt`` leaves per prompt and one manifest line per written sample."""
@@ -108,3 +116,5 @@ class RunWriter:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()

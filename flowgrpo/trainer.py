@@ -7,8 +7,8 @@ Each iteration reads top to bottom in five phases:
   ADVANTAGE  rewards of the whole iteration (gathered over processes) become advantages: group
              z-scores, GDPO for several rewards, BranchGRPO depth-wise tree values; each trained
              transition takes the advantage of its x' node.
-  UPDATE     inner epochs over the stored transitions: recompute μ_θ with the same kernel function
-             the rollout used, PPO-clip the ratio (plain or GRPO-Guard), weight, add KL terms,
+  UPDATE     inner epochs over the stored transitions: recompute μ_θ with the same kernel the
+             rollout used (flowgrpo.ops: PyTorch reference or the fused op, loss.likelihood_backend), PPO-clip the ratio (plain or GRPO-Guard), weight, add KL terms,
              normalise per group (or tree), accumulate, all-reduce gradients, step.
   LOG/SAVE   metrics.jsonl (+ TensorBoard), sample PNGs with their manifest, held-out evaluation,
              atomic checkpoints (also on SIGINT/SIGTERM).
@@ -34,7 +34,8 @@ from flowgrpo.checkpoint import (
 )
 from flowgrpo.config import Config, describe_batches, plan_arguments, processes_check, to_yaml
 from flowgrpo.data import read_prompts
-from flowgrpo.loss import gaussian_kl, step_weights, transition_loss
+from flowgrpo import ops
+from flowgrpo.loss import clipped_policy_loss, gaussian_kl, step_weights
 from flowgrpo.run_dir import RunWriter
 from rewards import load_reward
 from rewards.runner import RewardRunner
@@ -90,7 +91,7 @@ class Trainer:
         self.anchor = [p.detach().clone() for p in self.params] if cfg.loss.anchor_kl_coef > 0 else None
         self.nfe = samplers.NFECounter()
         self.iteration, self.optimizer_steps = 0, 0
-        self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard)
+        self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
         # rewards of batch b run in a worker thread while batch b+1 samples; a failing reward is
         # retried, then gives NaN for that batch (masked out of the loss) and a warning
         keys = [f"{r.name}" if [x.name for x in self.rewards].count(r.name) == 1 else f"{r.name}_{i}"
@@ -101,7 +102,13 @@ class Trainer:
 
     # ---------------------------------------------------------------- helpers
     def _velocity(self, cond):
-        return self.model.velocity_fn(cond, self.cfg.sampling.guidance_scale)
+        f = self.model.velocity_fn(cond, self.cfg.sampling.guidance_scale)
+
+        def under_autocast(x, sigma, cond_index):  # mixed precision (train.mixed_precision) through accelerate
+            with self.acc.autocast():
+                return f(x, sigma, cond_index)
+
+        return under_autocast
 
     def _iteration_slots(self, iteration: int) -> list[list[int]]:
         """Global prompt slots of each rollout batch for this process (whole prompts per rank)."""
@@ -259,31 +266,45 @@ class Trainer:
             adv = torch.tensor([rows[i][2] for i in members], device=self.model.device)
             c = torch.tensor([coefs[i] for i in members], device=self.model.device)
             x, sigma, cond = rec.state[r], rec.sigma[r], b.cond.select(rec.cond_index[r])
-            anchor_mean = None
+            # μ = a·x + b·v per row with the rollout's kernel; std rounded as the rollout rounded it,
+            # so that lp_θ − lp_old is exactly 0 at the rollout policy (reference backend)
+            a, bv, std = ops.transition_coefficients(rec.kernel[r], sigma, rec.sigma_next[r], rec.eta[r])
+            std = std.to(samplers.compute_dtype(x.dtype))
+            anchor_v = ref_v = None
             if self.anchor is not None:  # before the policy forward: the swap writes the weights in place
                 with torch.no_grad(), self._swapped(self.anchor):
-                    anchor_mean, _ = self._kernel(rec, r, x, self.model.velocity(x, sigma, cond, cfg.sampling.guidance_scale))
-            v = self.model.velocity(x, sigma, cond, cfg.sampling.guidance_scale)
+                    anchor_v = self._train_velocity(x, sigma, cond)
+            if cfg.loss.kl_coef > 0:
+                with torch.no_grad(), self.model.reference():
+                    ref_v = self._train_velocity(x, sigma, cond)
+            v = self._train_velocity(x, sigma, cond)
             self.nfe.add("train_forward", len(members))
             self.nfe.add("train_backward", len(members))
-            mean, std = self._kernel(rec, r, x, v)
-            loss, d = transition_loss(
-                x_next=rec.next_state[r], mean_theta=mean, std=std, log_prob_old=rec.log_prob[r], advantages=adv,
-                clip_range=cfg.loss.clip_range, reduce=cfg.sampling.reduce, ratio_form=cfg.loss.ratio,
-                mean_old=rec.mean[r] if rec.mean is not None else None,
+            mean_old = rec.mean[r] if rec.mean is not None else None
+            extra_kl = anchor_v is not None or cfg.loss.rollout_kl_coef > 0
+            terms = ops.transition_terms(
+                x, v, rec.next_state[r], a, bv, std, mu_old=mean_old, v_ref=ref_v, reduce=cfg.sampling.reduce,
+                return_mean=extra_kl, backend=cfg.loss.likelihood_backend,
             )
+            log_ratio_plain = terms.log_prob - rec.log_prob[r].to(terms.log_prob)
+            if cfg.loss.ratio == "guard":
+                if terms.guard is None:
+                    raise ValueError("loss.ratio=guard needs μ_old stored in the rollout (the trainer asks for it)")
+                log_ratio = terms.guard
+            else:
+                log_ratio = log_ratio_plain
+            loss, d = clipped_policy_loss(log_ratio, log_ratio_plain, adv, cfg.loss.clip_range)
             kl = torch.zeros_like(loss)
-            if cfg.loss.kl_coef > 0:
-                with self.model.reference():
-                    ref_mean, _ = self._kernel(rec, r, x, self.model.velocity(x, sigma, cond, cfg.sampling.guidance_scale))
-                kl_ref = gaussian_kl(mean, ref_mean, std, cfg.sampling.reduce)
+            if ref_v is not None:
+                kl_ref = terms.kl
                 if cfg.loss.kl_form == "flow_grpo":
-                    kl_ref = kl_ref * (rec.sigma_next[r] - rec.sigma[r]).abs().to(kl_ref)
+                    kl_ref = kl_ref * (rec.sigma_next[r] - sigma).abs().to(kl_ref)
                 kl = kl + cfg.loss.kl_coef * kl_ref
-            if anchor_mean is not None:
-                kl = kl + cfg.loss.anchor_kl_coef * gaussian_kl(mean, anchor_mean, std, cfg.sampling.reduce)
+            if anchor_v is not None:
+                anchor_mean = ops.kernel_mean(x, anchor_v, a, bv)
+                kl = kl + cfg.loss.anchor_kl_coef * gaussian_kl(terms.mean, anchor_mean, std, cfg.sampling.reduce)
             if cfg.loss.rollout_kl_coef > 0:
-                kl = kl + cfg.loss.rollout_kl_coef * gaussian_kl(mean, rec.mean[r].to(mean), std, cfg.sampling.reduce)
+                kl = kl + cfg.loss.rollout_kl_coef * gaussian_kl(terms.mean, mean_old.to(terms.mean), std, cfg.sampling.reduce)
             # coefficients are normalised over all processes, so summing gradients over them is exact
             total = total + (c * (loss + kl)).sum()
             for key in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl"):
@@ -292,21 +313,9 @@ class Trainer:
             out["step"].append(rec.step[r].cpu())
         return total, {k: torch.cat(v) for k, v in out.items()}
 
-    @staticmethod
-    def _kernel(rec, r, x, v):
-        """μ_θ and s with the very kernel functions the rollout used (per kernel of the rows)."""
-        kernels = rec.kernel[r]
-        sels, means, stds = [], [], []
-        for k in kernels.unique().tolist():
-            sel = (kernels == k).nonzero().squeeze(1)
-            mu, s = samplers.get_kernel(samplers.KERNEL_NAMES[k])(
-                x[sel], v[sel], rec.sigma[r][sel], rec.sigma_next[r][sel], rec.eta[r][sel]
-            )
-            sels.append(sel), means.append(mu), stds.append(s)
-        if len(sels) == 1:
-            return means[0], stds[0]
-        back = torch.argsort(torch.cat(sels))  # rows back in their original order
-        return torch.cat(means)[back], torch.cat(stds)[back]
+    def _train_velocity(self, x, sigma, cond):
+        with self.acc.autocast():
+            return self.model.velocity(x, sigma, cond, self.cfg.sampling.guidance_scale)
 
     def _optimizer_step(self) -> float:
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -352,7 +361,7 @@ class Trainer:
         e = self.cfg.eval
         prompts, metadata = read_prompts(e.prompts, e.limit)
         context = self._swapped(self.ema) if self.ema is not None else nullcontext()
-        with context:
+        with context, self.acc.autocast():
             summary, _ = evaluate(self.model, prompts, e.reward, metadata, seed=self.cfg.train.seed + 12345,
                                   steps=e.steps, batch_size=e.batch_size, progress=False)
         return {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))} | {

@@ -2,6 +2,7 @@
 trainable parameters change, samples / metrics / checkpoints written per the run-directory contract."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,19 @@ def test_preset_trains_end_to_end(preset, tiny_sd3_dir, tmp_path):
     ckpt = load_file(run / "checkpoints" / "step_2" / "tensors.safetensors")
     assert any(k.startswith("optim.") for k in ckpt) and any(k.startswith("weights.") for k in ckpt)
     assert (run / "config.yaml").is_file()
+
+
+def test_bf16_mixed_precision_runs_the_transformer_in_bf16(tiny_sd3_dir, tmp_path):
+    cfg = load_config("flow_grpo", None, overrides(tiny_sd3_dir, tmp_path, **PRESETS["flow_grpo"], **{
+        "train.mixed_precision": "bf16", "train.iterations": 1, "log.samples_every": 0, "log.save_every": 0}),
+        base=PLUGIN_REWARD)
+    trainer = Trainer(cfg)
+    dtypes = set()
+    linear = next(m for m in trainer.model.transformer.modules() if isinstance(m, torch.nn.Linear))
+    linear.register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
+    before = [p.detach().clone() for p in trainer.params]
+    metrics = trainer.train()
+    assert dtypes == {torch.bfloat16}, dtypes  # rollout and training forwards under accelerate's autocast
+    assert all(p.dtype == torch.float32 for p in trainer.params)  # master weights stay fp32
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params))
+    assert math.isfinite(metrics["loss"])
