@@ -13,6 +13,7 @@ from rewards.common import import_object
 # name -> "module:Class"; imported lazily so optional dependencies load only when used
 REGISTRY: dict[str, str] = {
     "toy": "rewards.toy.scorer:ToyScorer",
+    "toy_video": "rewards.toy.video_scorer:ToyVideoScorer",
     "pickscore": "rewards.clip_rewards:PickScore",
     "clipscore": "rewards.clip_rewards:CLIPScore",
     "hpsv2": "rewards.hps:HPSv2",

@@ -1,4 +1,5 @@
-"""The toy image world (renderer, prompt grammar, fixed splits) and its verifiable scorer.
+"""The toy image world (renderer, prompt grammar, fixed splits) and its verifiable scorer; the toy
+video world (``rewards.toy.video_world``) and its scorer (``ToyVideoScorer``, reward "toy_video").
 
 See docs/toy_world.md.
 """
@@ -22,6 +23,8 @@ from rewards.toy.world import (
     train_prompts,
 )
 from rewards.toy.scorer import ToyScorer, detect_objects, summarize
+from rewards.toy import video_world
+from rewards.toy.video_scorer import ToyVideoScorer
 
 __all__ = [
     "BACKGROUND",
@@ -34,6 +37,7 @@ __all__ = [
     "ToyObject",
     "ToyPrompt",
     "ToyScorer",
+    "ToyVideoScorer",
     "detect_objects",
     "eval_prompts",
     "make_prompt",
@@ -43,4 +47,5 @@ __all__ = [
     "scene_for_prompt",
     "summarize",
     "train_prompts",
+    "video_world",
 ]

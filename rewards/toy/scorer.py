@@ -72,9 +72,10 @@ def _label_components(cls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         root = new
 
 
-def detect_objects(images: torch.Tensor) -> list[list[dict]]:
+def detect_objects(images: torch.Tensor, min_area: float | None = None) -> list[list[dict]]:
     """images: uint8 [B, 3, H, W]. Per image, the detected objects as dicts
-    {"shape", "color", "cx", "cy", "area", "fill", "cross", "top_heaviness"} (pixels, y down)."""
+    {"shape", "color", "cx", "cy", "area", "fill", "cross", "top_heaviness"} (pixels, y down).
+    min_area: smallest component in pixels (default MIN_AREA scaled with the image area)."""
     batch, _, height, width = images.shape
     pixels = images.permute(0, 2, 3, 1).reshape(-1, 3).to(torch.int32)  # [N, 3]
     palette = torch.tensor([*COLORS.values(), BACKGROUND], dtype=torch.int32)  # [K+1, 3]
@@ -112,7 +113,8 @@ def detect_objects(images: torch.Tensor) -> list[list[dict]]:
     top_heaviness = -mean(dy**3) / var_y**1.5  # minus the skewness of y: triangle 0.566, else 0
     features = torch.stack([cross, top_heaviness], dim=1)  # [C, 2]
     shape_idx = ((features[:, None, :] - _PROTOTYPES[None]) ** 2).sum(-1).argmin(dim=1)
-    min_area = MIN_AREA * height * width / IMAGE_SIZE**2
+    if min_area is None:
+        min_area = MIN_AREA * height * width / IMAGE_SIZE**2
     aspect = torch.maximum(box_w / box_h, box_h / box_w)
     valid = (area >= min_area) & (fill >= MIN_FILL) & (aspect <= MAX_ASPECT)
     color_idx = cls.reshape(-1)[comp_root]
@@ -204,11 +206,19 @@ class ToyScorer(Reward):
 
     @staticmethod
     def _prompt(text: str, meta: dict | None) -> ToyPrompt:
-        if meta is not None and "clauses" in meta:
-            if meta.get("text", text) != text:
-                raise ValueError(f"toy: metadata text {meta['text']!r} does not match prompt {text!r}; metadata misaligned?")
-            return ToyPrompt.from_dict({"text": text, **meta})
-        return _parse_cached(text)
+        return resolve_prompt(text, meta, ToyPrompt, _parse_cached, "toy")
+
+
+def resolve_prompt(text: str, meta: dict | None, prompt_class: type, parse, reward_name: str):
+    """The prompt record from metadata (``prompt_class.to_dict()`` form; its text must equal ``text``)
+    when it has clauses, else ``parse(text)``."""
+    if meta is not None and "clauses" in meta:
+        if meta.get("text", text) != text:
+            raise ValueError(
+                f"{reward_name}: metadata text {meta['text']!r} does not match prompt {text!r}; metadata misaligned?"
+            )
+        return prompt_class.from_dict({"text": text, **meta})
+    return parse(text)
 
 
 def summarize(scores, strict, tasks: list[str]) -> dict:

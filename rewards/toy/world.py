@@ -25,6 +25,7 @@ import functools
 import random
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -90,6 +91,7 @@ class Scene:
 
 @dataclass(frozen=True)
 class ToyPrompt:
+    _TASKS: ClassVar[tuple[str, ...]] = TASKS  # tasks `from_dict` accepts; the video world's subclass sets its own
     text: str  # e.g. "a photo of a red circle left of a blue square"
     task: str  # one of TASKS
     # Clause dicts, JSON-serialisable, of three types:
@@ -115,8 +117,8 @@ class ToyPrompt:
         missing = {"text", "task", "clauses"} - set(d)
         if missing:
             raise ValueError(f"ToyPrompt.from_dict: missing keys {sorted(missing)} in {d!r}")
-        if d["task"] not in TASKS:
-            raise ValueError(f"ToyPrompt.from_dict: task {d['task']!r} is not one of {TASKS}")
+        if d["task"] not in cls._TASKS:
+            raise ValueError(f"{cls.__name__}.from_dict: task {d['task']!r} is not one of {cls._TASKS}")
         return cls(
             text=d["text"],
             task=d["task"],
@@ -141,9 +143,9 @@ def _object_mask(obj: ToyObject, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     raise ValueError(f"unknown shape {obj.shape!r}; expected one of {SHAPES}")
 
 
-def render(scene: Scene) -> np.ndarray:
-    """Render a scene to uint8 [64, 64, 3] RGB, anti-aliased by 4x4 supersampling."""
-    n = IMAGE_SIZE * SUPERSAMPLE
+def render(scene: Scene, size: int = IMAGE_SIZE) -> np.ndarray:
+    """Render a scene to uint8 [size, size, 3] RGB (64 by default), anti-aliased by 4x4 supersampling."""
+    n = size * SUPERSAMPLE
     coords = (np.arange(n, dtype=np.float32) + 0.5) / SUPERSAMPLE
     canvas = np.empty((n, n, 3), dtype=np.float32)  # [n, n, 3] supersampled RGB
     canvas[:] = BACKGROUND
@@ -155,7 +157,7 @@ def render(scene: Scene) -> np.ndarray:
         y0, y1 = (max(0, int((obj.cy + d * (obj.size + 1)) * SUPERSAMPLE)) for d in (-1, 1))
         window = canvas[y0:y1, x0:x1]
         window[_object_mask(obj, coords[None, x0:x1], coords[y0:y1, None])] = COLORS[obj.color]
-    pooled = canvas.reshape(IMAGE_SIZE, SUPERSAMPLE, IMAGE_SIZE, SUPERSAMPLE, 3).mean(axis=(1, 3))
+    pooled = canvas.reshape(size, SUPERSAMPLE, size, SUPERSAMPLE, 3).mean(axis=(1, 3))
     return np.clip(np.round(pooled), 0, 255).astype(np.uint8)
 
 
