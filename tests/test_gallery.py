@@ -1,0 +1,364 @@
+"""The gallery: building a site from a run directory, the local server and its flags, and the page in
+a real headless chromium (console errors, counts, filters, sorting, video, flags, escaping)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from browser_helpers import severe_console_entries, start_browser, stop_browser, wait_for, wait_render
+
+from gallery import build_site
+from gallery.serve import GalleryServer
+from gallery.synthetic import prompt_for, write_mp4, write_run
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'
+
+
+def _shard(site: Path, step: str) -> dict:
+    text = (site / "data" / "steps" / f"{step}.js").read_text()
+    return json.loads(text[text.index("{"): text.rindex("}") + 1])
+
+
+def _index(site: Path) -> dict:
+    text = (site / "data" / "index.js").read_text()
+    return json.loads(text[text.index("{"): text.rindex("}") + 1])
+
+
+# ---------------------------------------------------------------- build (no browser)
+
+
+def test_build_lists_every_step_sample_and_reward(tmp_path):
+    run = write_run(tmp_path / "run", steps=3, prompts_per_step=5, per_prompt=4, eval_step=True)
+    site = build_site(run).parent
+    assert site == run / "gallery"
+    index = _index(site)
+    assert [(s["name"], s["kind"], s["samples"], s["groups"]) for s in index["steps"]] == [
+        ("eval_0", "eval", 20, 5), ("step_10", "train", 20, 5), ("step_20", "train", 20, 5), ("step_30", "train", 20, 5)]
+    assert index["num_samples"] == 80 and index["reward_names"] == ["toy", "aesthetic"]
+    rows = [json.loads(line) for line in (run / "samples" / "step_20" / "manifest.jsonl").read_text().splitlines()]
+    assert index["steps"][2]["reward_means"]["toy"] == pytest.approx(sum(r["rewards"]["toy"] for r in rows) / len(rows))
+    shard = _shard(site, "step_20")
+    first = shard["groups"][0]["samples"][0]
+    assert first["r"] == [rows[0]["rewards"]["toy"], rows[0]["rewards"]["aesthetic"]] and first["adv"] == rows[0]["advantage"]
+    assert (site / first["src"]).read_bytes() == (run / "samples" / "step_20" / rows[0]["file"]).read_bytes()
+    assert first["thumb"] == first["src"] and (first["w"], first["h"]) == (64, 64)  # 64x64: shown as is
+
+
+def test_build_is_incremental_and_picks_up_new_steps(tmp_path):
+    run = write_run(tmp_path / "run", steps=2, prompts_per_step=2, per_prompt=2, image_size=300)
+    site = build_site(run).parent
+    thumbs = sorted((site / "thumbs").rglob("*.jpg"))
+    assert len(thumbs) == 8  # 300 px images: thumbnails of at most 256 px
+    from PIL import Image
+
+    assert max(Image.open(thumbs[0]).size) == 256
+    stamps = {p: p.stat().st_mtime_ns for p in thumbs + list((site / "data" / "steps").glob("*.js"))}
+    time.sleep(0.01)
+    build_site(run)
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # nothing re-read, nothing redrawn
+    write_run(tmp_path / "more", steps=3, prompts_per_step=2, per_prompt=2, image_size=300)
+    os.rename(tmp_path / "more" / "samples" / "step_30", run / "samples" / "step_30")
+    index = _index(build_site(run).parent)
+    assert [s["name"] for s in index["steps"]] == ["step_10", "step_20", "step_30"]
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+
+def test_build_reads_the_run_writer_format(tmp_path):
+    """Lines exactly as flowgrpo.run_dir.RunWriter writes them (NaN reward and advantage as null)."""
+    run = tmp_path / "runs" / "tiny"
+    folder = run / "samples" / "step_10"
+    folder.mkdir(parents=True)
+    from PIL import Image
+
+    lines = []
+    for slot, node, reward in [(3, 12, 0.5), (3, 13, None), (7, 12, 1.0)]:
+        name = f"s{slot:04d}_n{node:04d}.png"
+        Image.new("RGB", (64, 64), (slot * 20, 0, 0)).save(folder / name)
+        lines.append(json.dumps({
+            "prompt": "a photo of a red circle", "metadata": {"task": "colors", "clauses": [{"shape": "circle"}]},
+            "seed": 0, "iteration": 10, "prompt_slot": slot, "group": 0, "node": node, "parent": node - 4,
+            "rewards": {"toy": reward}, "advantage": None if reward is None else reward - 0.5, "file": name}))
+    (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"iteration": 10, "reward/toy_mean": 0.75, "kl_ref": None}) + "\n")
+    (run / "config.yaml").write_text("run_name: tiny\n")
+    site = build_site(run).parent
+    index = _index(site)
+    assert index["steps"][0]["reward_means"] == {"toy": 0.75} and index["metric_keys"] == ["reward/toy_mean"]
+    groups = _shard(site, "step_10")["groups"]
+    assert [(g["slot"], g["task"], len(g["samples"])) for g in groups] == [(3, "colors", 2), (7, "colors", 1)]
+    assert groups[0]["samples"][1]["r"] == [None] and groups[0]["samples"][1]["adv"] is None
+
+
+def test_build_skips_unsafe_files_and_broken_lines(tmp_path):
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=1, per_prompt=1)
+    manifest = run / "samples" / "step_10" / "manifest.jsonl"
+    row = json.loads(manifest.read_text())
+    escape = [dict(row, file=name, node=k) for k, name in enumerate(["../../config.yaml", "/etc/passwd", ".."])]
+    manifest.write_text("\n".join(json.dumps(r) for r in [row, *escape]) + '\n{"prompt": "half a li')
+    site = build_site(run).parent
+    samples = _shard(site, "step_10")["groups"][0]["samples"]
+    assert [s["src"] is None for s in samples] == [False, True, True, True]
+    assert _index(site)["steps"][0]["bad_lines"] == 1
+    assert sorted(p.name for p in (site / "media" / "step_10").iterdir()) == [row["file"]]
+
+
+def test_cli_builds_into_the_given_folder(tmp_path):
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=2, per_prompt=2)
+    done = subprocess.run([sys.executable, "-m", "gallery", str(run), "--out", str(tmp_path / "site")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "index.html").exists() and "4 samples" in done.stderr
+    bad = subprocess.run([sys.executable, "-m", "gallery", str(tmp_path / "nope")], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a directory" in bad.stderr
+
+
+# ---------------------------------------------------------------- server (no browser)
+
+
+@pytest.fixture
+def served(tmp_path):
+    run = write_run(tmp_path / "run", steps=2, prompts_per_step=3, per_prompt=2)
+    server = GalleryServer(run, port=0, rebuild_every=0.0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _request(url, body=None, headers=None, method=None):
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_server_saves_flags_and_refuses_bad_requests(served):
+    url, flags_file = served.url + "api/flags", served.run_dir / "review" / "flags.json"
+    json_type = {"Content-Type": "application/json"}
+    flag = {"key": "step_10/s0007_n0010", "labels": ["reward hacked"], "note": "<b>text</b> overlay", "step": "step_10"}
+    assert _request(url, flag, json_type)[0] == 200
+    saved = json.loads(flags_file.read_text())["flags"]
+    assert saved["step_10/s0007_n0010"]["labels"] == ["reward hacked"]
+    assert saved["step_10/s0007_n0010"]["note"] == "<b>text</b> overlay"
+    assert json.loads(_request(url)[1])["flags"].keys() == saved.keys()
+    assert _request(url, flag, {"Content-Type": "text/plain"})[0] == 415
+    assert _request(url, flag, {**json_type, "Origin": "http://evil.example"})[0] == 403
+    assert _request(url, flag, {**json_type, "Host": "evil.example"})[0] == 403
+    assert _request(url, {**flag, "note": "x" * 20_000}, json_type)[0] == 413
+    for bad in ({**flag, "labels": "good"}, {**flag, "labels": ["x" * 41]}, {**flag, "extra": 1}, {**flag, "key": ""},
+                {**flag, "note": 5}, [flag]):
+        assert _request(url, bad, json_type)[0] == 400, bad
+    assert _request(url, b"{not json", json_type)[0] == 400
+    assert _request(url, {"key": flag["key"], "labels": [], "note": ""}, json_type)[0] == 200  # clearing deletes
+    assert json.loads(flags_file.read_text())["flags"] == {}
+    assert not list(flags_file.parent.glob("*.tmp"))
+    assert _request(served.url + "data/")[0] == 404  # no directory listings
+
+
+def test_server_picks_up_new_steps(served):
+    status, body = _request(served.url + "data/index.js")
+    assert status == 200 and b'"step_20"' in body and b'"step_30"' not in body
+    write_run(served.run_dir.parent / "more", steps=3, prompts_per_step=1, per_prompt=1)
+    os.rename(served.run_dir.parent / "more" / "samples" / "step_30", served.run_dir / "samples" / "step_30")
+    assert b'"step_30"' in _request(served.url + "data/index.js")[1]
+
+
+# ---------------------------------------------------------------- the page in chromium
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = start_browser(tmp_path_factory.mktemp("downloads"))
+    yield driver
+    stop_browser(driver)
+
+
+def _open(browser, url: str) -> None:
+    browser.get("about:blank")
+    browser.get_log("browser")  # drop what earlier pages logged
+    browser.get(url)
+    wait_render(browser)
+
+
+def _tiles(browser) -> list:
+    return browser.find_elements("css selector", "#app .tile")
+
+
+def _choose(browser, name: str, value: str) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    n = browser.execute_script("return window.__gallery.renders")
+    Select(browser.find_element("css selector", f"#app select[name='{name}']")).select_by_value(value)
+    wait_render(browser, n)
+
+
+def test_page_loads_without_errors_and_shows_every_sample(browser, tmp_path):
+    run = write_run(tmp_path / "run", steps=3, prompts_per_step=6, per_prompt=4, eval_step=True)
+    _open(browser, (build_site(run)).as_uri())
+    assert len(_tiles(browser)) == 24  # the latest training step: 6 groups of 4
+    assert len(browser.find_elements("css selector", "#app section.group")) == 6
+    visible = "Array.from(document.querySelectorAll('.tile img')).filter(i => i.getBoundingClientRect().top < innerHeight)"
+    assert wait_for(browser, f"{visible}.length > 4 && {visible}.every(i => i.complete && i.naturalWidth === 64)")
+    _choose(browser, "step", "*")
+    _choose(browser, "layout", "samples")
+    assert len(_tiles(browser)) == 96  # 4 steps x 24, one page
+    for view in ("compare", "charts", "review", "run", "samples"):
+        n = browser.execute_script("return window.__gallery.renders")
+        browser.find_element("css selector", f"#tabs button[data-view='{view}']").click()
+        wait_render(browser, n)
+    assert browser.find_elements("css selector", "#app .tile")
+    assert severe_console_entries(browser) == []
+
+
+def test_filters_sorting_and_pages(browser, tmp_path):
+    run = write_run(tmp_path / "run", steps=2, prompts_per_step=30, per_prompt=4)
+    _open(browser, build_site(run).as_uri() + "#step=step_20&layout=samples")
+    manifest = [json.loads(x) for x in (run / "samples" / "step_20" / "manifest.jsonl").read_text().splitlines()]
+    assert len(_tiles(browser)) == 120 and "page 1 of 1" in browser.page_source
+    _choose(browser, "layout", "groups")
+    assert len(browser.find_elements("css selector", "#app section.group")) == 20  # 20 groups a page
+    n = browser.execute_script("return window.__gallery.renders")
+    browser.find_element("css selector", ".pager .next").click()
+    wait_render(browser, n)
+    assert len(browser.find_elements("css selector", "#app section.group")) == 10
+
+    _choose(browser, "layout", "samples")
+    _choose(browser, "task", "counting")
+    assert len(_tiles(browser)) == 4 * sum(1 for r in manifest[::4] if r["metadata"]["task"] == "counting")
+    _choose(browser, "task", "")
+    n = browser.execute_script("return window.__gallery.renders")
+    word = manifest[0]["prompt"].split()[-1]
+    browser.find_element("css selector", "input.q").send_keys(word)
+    wait_render(browser, n)
+    assert len(_tiles(browser)) == sum(word in r["prompt"] for r in manifest) > 0
+    browser.find_element("css selector", "input.q").clear()
+    n = browser.execute_script("return window.__gallery.renders")
+    browser.execute_script("document.querySelector('input.q').dispatchEvent(new Event('input'))")
+    wait_render(browser, n)
+
+    _choose(browser, "sort", "reward-desc")
+    shown = [float(t.find_element("css selector", ".r.sel").text.split()[-1]) for t in _tiles(browser)]
+    assert shown == sorted(shown, reverse=True) and len(shown) == 120
+    assert shown[0] == pytest.approx(max(r["rewards"]["toy"] for r in manifest), abs=1e-3)
+    n = browser.execute_script("return window.__gallery.renders")
+    browser.find_element("css selector", "input.min").send_keys("0.5\n")
+    wait_render(browser, n)
+    assert len(_tiles(browser)) == sum(r["rewards"]["toy"] >= 0.5 for r in manifest)
+    assert severe_console_entries(browser) == []
+
+
+def test_hostile_prompt_renders_as_text(browser, tmp_path):
+    prompts = [(HOSTILE, {"task": HOSTILE, "clauses": [], "note": "</script><script>window.__pwned=2</script>"})]
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=1, per_prompt=2, prompts=prompts)
+    _open(browser, build_site(run).as_uri())
+    assert browser.find_element("css selector", "#app h3.prompt").text == HOSTILE
+    browser.find_element("css selector", "#app .tile img").click()  # the lightbox shows prompt and metadata
+    wait_for(browser, "!document.getElementById('lightbox').hidden")
+    time.sleep(0.2)
+    assert browser.execute_script("return window.__pwned") is None
+    assert not browser.find_elements("css selector", "#app script, #app h3 img, #lightbox script")
+    assert severe_console_entries(browser) == []
+
+
+def test_video_plays(browser, tmp_path):
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=1, per_prompt=2, video=True)
+    _open(browser, build_site(run).as_uri())
+    assert len(browser.find_elements("css selector", "#app video")) == 2
+    browser.execute_script("document.querySelector('#app video').play()")
+    assert wait_for(browser, "(v => !v.paused && v.currentTime > 0 && v.videoWidth === 64)(document.querySelector('#app video'))")
+    assert severe_console_entries(browser) == []
+
+
+def test_tree_groups_show_parents_and_children(browser, tmp_path):
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=2, per_prompt=4, tree=True)
+    _open(browser, build_site(run).as_uri())
+    group = browser.find_element("css selector", "#app section.group.is-tree")
+    labels = [e.text for e in group.find_elements("css selector", ".node-label")]
+    assert [lab.split(" ·")[0] for lab in labels] == ["node 1 (not saved)", "node 2 (not saved)"]
+    assert all("2 leaves" in lab for lab in labels)
+    assert len(group.find_elements("css selector", "ul.tree > li .tile")) == 4
+
+
+def test_flagging_saves_to_the_run_directory_when_served(browser, tmp_path):
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=2, per_prompt=2)
+    server = GalleryServer(run, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _open(browser, server.url)
+        tile = _tiles(browser)[1]
+        key = tile.get_attribute("data-key")
+        tile.find_element("css selector", "button.flag[data-label='reward hacked']").click()
+        flags_file = run / "review" / "flags.json"
+        deadline = time.monotonic() + 10
+        while not (flags_file.exists() and key in json.loads(flags_file.read_text())["flags"]):
+            assert time.monotonic() < deadline, "flag not saved"
+            time.sleep(0.05)
+        tile = next(t for t in _tiles(browser) if t.get_attribute("data-key") == key)
+        tile.find_element("css selector", "button.note-btn").click()
+        tile.find_element("css selector", "textarea").send_keys("<script>window.__pwned=3</script> text baked in")
+        tile.find_element("css selector", "button.save-note").click()
+        wait_for(browser, f"document.querySelector('.tile[data-key=\"{key}\"] p.note')")
+        saved = json.loads(flags_file.read_text())["flags"][key]
+        assert saved["labels"] == ["reward hacked"] and saved["note"].endswith("text baked in")
+        _open(browser, server.url + "#view=review")  # a reload shows the saved flag
+        assert [t.get_attribute("data-key") for t in _tiles(browser)] == [key]
+        assert browser.execute_script("return window.__pwned") is None
+        assert severe_console_entries(browser) == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_static_flags_stay_in_the_browser_and_export(browser, tmp_path):
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=2, per_prompt=2)
+    url = build_site(run).as_uri()
+    _open(browser, url)
+    key = _tiles(browser)[0].get_attribute("data-key")
+    _tiles(browser)[0].find_element("css selector", "button.flag[data-label='good']").click()
+    wait_for(browser, "document.querySelector('.tile.f-good')")
+    _open(browser, url + "#view=review")
+    assert [t.get_attribute("data-key") for t in _tiles(browser)] == [key]
+    browser.find_element("css selector", "button.export").click()
+    target = browser._flowgrpo_downloads / f"flags-{run.name}.json"
+    deadline = time.monotonic() + 10
+    while not target.exists():
+        assert time.monotonic() < deadline, "no export downloaded"
+        time.sleep(0.05)
+    exported = json.loads(target.read_text())
+    assert exported["run"] == "run" and exported["flags"][key]["labels"] == ["good"]
+    assert not (run / "review").exists()  # a static site never writes the run directory
+    assert severe_console_entries(browser) == []
+
+
+def test_charts_and_compare(browser, tmp_path):
+    prompts = [prompt_for(k) for k in range(2)]  # every step samples both prompts
+    run = write_run(tmp_path / "run", steps=3, prompts_per_step=2, per_prompt=2, eval_step=True, prompts=prompts)
+    url = build_site(run).as_uri()
+    _open(browser, url + "#view=charts")
+    titles = [e.text for e in browser.find_elements("css selector", "#app figcaption")]
+    assert {"reward: toy", "proxy vs held-out reward", "gap: proxy − held-out", "loss", "approx_kl"} <= set(titles)
+    assert browser.execute_script("return document.querySelectorAll('#app svg path[stroke]').length") >= 6
+    _open(browser, url + "#view=compare&prompt=" + urllib.request.quote(prompts[1][0]))
+    rows = browser.find_elements("css selector", "#app .compare-row")
+    assert [r.get_attribute("data-step") for r in rows] == ["eval_0", "step_30"]  # base vs now
+    assert all(len(r.find_elements("css selector", ".tile")) == 2 for r in rows)
+    n = browser.execute_script("return window.__gallery.renders")
+    browser.find_element("css selector", "#app .compare-main input[type=checkbox]").click()
+    wait_render(browser, n)
+    rows = browser.find_elements("css selector", "#app .compare-row")
+    assert [r.get_attribute("data-step") for r in rows] == ["eval_0", "step_10", "step_20", "step_30"]
+    assert severe_console_entries(browser) == []
