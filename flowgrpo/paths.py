@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 ASSETS_DIR = PACKAGE_DIR / "assets"
 # built-in models and the command that (re)builds each one
-BUILTIN_RECIPES = {"tiny-sd3": "flowgrpo pretrain-toy"}
+BUILTIN_RECIPES = {"tiny-sd3": "flowgrpo pretrain-toy", "tiny-wan": "flowgrpo pretrain-toy-video"}
 
 
 def _data_dir(name: str) -> Path:

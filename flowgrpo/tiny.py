@@ -266,3 +266,125 @@ def build_tiny_flux_pipeline(tokenizer, seed: int = 0, image_size: int = 32):
         text_encoder_2=t5,
         tokenizer_2=tokenizer,
     )
+
+
+# ----------------------------------------------------------------------------- Wan (text-to-video)
+
+
+def build_t5_tokenizer(corpus: Iterable[str], max_length: int = 16):
+    """A T5-format Unigram tokenizer (``T5Tokenizer``, as UMT5 uses) whose every corpus word is one token.
+
+    The vocabulary is ``<pad>, </s>, <unk>``, then each corpus word (with T5's word-start mark "▁")
+    in sorted order, then single characters (with and without the mark) at a low score, so other
+    text still tokenizes, into characters. Words beat their spellings because a whole word scores
+    higher than any split. A pure function of the set of corpus words.
+    """
+    from transformers import T5Tokenizer
+
+    words = sorted({w for text in corpus for w in text.split()})
+    chars = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"))
+    scores = {"<pad>": 0.0, "</s>": 0.0, "<unk>": 0.0, "▁": -5.0}  # T5's ids: pad 0, eos 1, unk 2
+    for w in words:
+        scores.setdefault("▁" + w, -1.0)
+    for c in chars:  # fallback pieces; a word that is one character keeps its word score
+        scores.setdefault("▁" + c, -10.0)
+        scores.setdefault(c, -10.0)
+    return T5Tokenizer(vocab=list(scores.items()), extra_ids=0, model_max_length=max_length)
+
+
+@dataclass(frozen=True)
+class TinyWanSizes:
+    """Sizes of a tiny Wan2.1. Defaults: the toy video model (9 frames of 32x32 -> latents 16x3x8x8).
+
+    The VAE compresses 4x in time (as Wan's) and 4x in space (Wan: 8x), so 32 px frames still give
+    an 8x8 latent; ``AutoencoderKLWan`` gets ``scale_factor_spatial=4`` because the pipeline reads
+    it from the config instead of deriving it (ENVIRONMENT.md).
+    """
+
+    num_frames: int = 9  # 4k + 1
+    image_size: int = 32
+    vae_base_dim: int = 16
+    vae_dim_mult: tuple[int, ...] = (1, 2, 2)  # 3 levels: 2 spatial downsamplings (4x)
+    vae_temporal_downsample: tuple[bool, ...] = (True, True)  # both downsamplings also halve time (4x)
+    latent_channels: int = 16  # z_dim, as Wan2.1
+    text_width: int = 64  # UMT5 d_model = the transformer's text_dim
+    text_layers: int = 2
+    num_layers: int = 4
+    num_heads: int = 4
+    head_dim: int = 24  # rotary split t/h/w = 8/8/8
+    ffn_dim: int = 256
+    freq_dim: int = 64  # sinusoidal timestep embedding width
+    shift: float = 3.0  # time shift of the scheduler (Wan2.1 uses 3.0 at 480p)
+
+
+def build_tiny_wan_pipeline(tokenizer, sizes: TinyWanSizes = TinyWanSizes(), seed: int = 0):
+    """A randomly initialised ``WanPipeline`` (Wan2.1 text-to-video) of the real classes.
+
+    ``WanTransformer3DModel``, ``AutoencoderKLWan``, ``UMT5EncoderModel`` and a T5 tokenizer
+    (:func:`build_t5_tokenizer`), with a ``FlowMatchEulerDiscreteScheduler`` (Wan ships UniPC; the
+    adapter only reads the shift). The VAE's ``latents_mean``/``latents_std`` start at 0/1; set
+    them from data statistics after training the VAE. Saves with ``save_pretrained`` and loads with
+    ``WanPipeline.from_pretrained``; call the pipeline with ``max_sequence_length=tokenizer.model_max_length``.
+    """
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    if len(sizes.vae_temporal_downsample) != len(sizes.vae_dim_mult) - 1:
+        raise ValueError("vae_temporal_downsample needs one flag per spatial downsampling (len(vae_dim_mult) - 1)")
+    torch.manual_seed(seed)
+    temporal = 2 ** sum(sizes.vae_temporal_downsample)
+    spatial = 2 ** (len(sizes.vae_dim_mult) - 1)
+    if (sizes.num_frames - 1) % temporal or sizes.image_size % (2 * spatial):
+        raise ValueError(
+            f"num_frames must be {temporal}k + 1 and image_size a multiple of {2 * spatial}, got "
+            f"{sizes.num_frames} frames of {sizes.image_size} px"
+        )
+    vae = AutoencoderKLWan(
+        base_dim=sizes.vae_base_dim,
+        z_dim=sizes.latent_channels,
+        dim_mult=list(sizes.vae_dim_mult),
+        num_res_blocks=1,
+        attn_scales=[],
+        temperal_downsample=list(sizes.vae_temporal_downsample),
+        latents_mean=[0.0] * sizes.latent_channels,
+        latents_std=[1.0] * sizes.latent_channels,
+        scale_factor_temporal=temporal,
+        scale_factor_spatial=spatial,
+    )
+    text_encoder = UMT5EncoderModel(
+        UMT5Config(
+            vocab_size=len(tokenizer),
+            d_model=sizes.text_width,
+            d_kv=sizes.text_width // 4,
+            d_ff=2 * sizes.text_width,
+            num_layers=sizes.text_layers,
+            num_heads=4,
+            dropout_rate=0.0,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id,
+        )
+    )
+    latent_frames = (sizes.num_frames - 1) // temporal + 1
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=sizes.num_heads,
+        attention_head_dim=sizes.head_dim,
+        in_channels=sizes.latent_channels,
+        out_channels=sizes.latent_channels,
+        text_dim=sizes.text_width,
+        freq_dim=sizes.freq_dim,
+        ffn_dim=sizes.ffn_dim,
+        num_layers=sizes.num_layers,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=max(32, latent_frames, sizes.image_size // spatial),
+    )
+    _eval_mode(vae, text_encoder, transformer)
+    return WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=sizes.shift),
+        transformer=transformer,
+    )

@@ -13,8 +13,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "models"
 SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))
 
 
-def test_the_three_model_configs_ship():
-    assert {"tiny_sd3.yaml", "sd3_5_medium.yaml", "flux_dev.yaml"} <= {p.name for p in SHIPPED}
+def test_the_model_configs_ship():
+    assert {"tiny_sd3.yaml", "sd3_5_medium.yaml", "flux_dev.yaml", "tiny_wan.yaml", "wan2_1_t2v_1_3b.yaml",
+            "wan2_1_t2v_14b.yaml"} <= {p.name for p in SHIPPED}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
@@ -32,6 +33,16 @@ def test_shipped_values():
     assert flux.max_sequence_length == 512 and flux.resolution % 16 == 0
     tiny = validate_model_config(OmegaConf.load(CONFIG_DIR / "tiny_sd3.yaml"))
     assert (tiny.family, tiny.pretrained, tiny.dtype, tiny.resolution) == ("sd3", "tiny-sd3", "float32", 64)
+    wan = validate_model_config(OmegaConf.load(CONFIG_DIR / "wan2_1_t2v_1_3b.yaml"))
+    assert (wan.family, wan.pretrained, wan.dtype) == ("wan", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "bfloat16")
+    assert (wan.resolution, wan.width, wan.num_frames, wan.guidance_scale, wan.shift) == (480, 832, 81, 5.0, 3.0)
+    wan14 = validate_model_config(OmegaConf.load(CONFIG_DIR / "wan2_1_t2v_14b.yaml"))
+    assert (wan14.pretrained, wan14.resolution, wan14.width, wan14.shift) == ("Wan-AI/Wan2.1-T2V-14B-Diffusers", 720, 1280, 5.0)
+    for cfg in (wan, wan14):  # 8x VAE x 2x2 patches; 4x in time
+        assert cfg.resolution % 16 == 0 and cfg.width % 16 == 0 and (cfg.num_frames - 1) % 4 == 0
+        assert cfg.lora_target_modules == ["to_q", "to_k", "to_v", "to_out.0"]
+    tiny_wan = validate_model_config(OmegaConf.load(CONFIG_DIR / "tiny_wan.yaml"))
+    assert (tiny_wan.family, tiny_wan.pretrained, tiny_wan.resolution, tiny_wan.num_frames) == ("wan", "tiny-wan", 32, 9)
 
 
 def test_defaults_and_input_kinds():
@@ -53,7 +64,10 @@ def test_unknown_key_names_the_key_and_a_fix():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"family": "wan"}, r"'family' is 'wan'; allowed: flux, sd3"),
+        ({"family": "hunyuan"}, r"'family' is 'hunyuan'; allowed: flux, sd3, wan"),
+        ({"family": "wan", "num_frames": 80}, r"'num_frames' is 80; allowed: 4k \+ 1 for 'wan'.*77 or 81"),
+        ({"num_frames": 9}, r"'num_frames' is 9; allowed: 1 for the image family 'sd3'"),
+        ({"width": 0}, r"'width' is 0"),
         ({"dtype": "fp8"}, r"'dtype' is 'fp8'; allowed: float32, bfloat16, float16"),
         ({"device": "gpu"}, r"'device' is 'gpu'; allowed: auto, cpu, cuda"),
         ({"finetune": "dora"}, r"'finetune' is 'dora'; allowed: lora, full"),

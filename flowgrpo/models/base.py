@@ -1,4 +1,4 @@
-"""The model-adapter interface shared by every family (SD3, FLUX; Wan later), and its config.
+"""The model-adapter interface shared by every family (SD3, FLUX, Wan), and its config.
 
 An adapter wraps the real diffusers pipeline of its family (loaded with ``from_pretrained`` from a
 hub id, a local folder or a built-in name) and exposes what the samplers and the learner need, as
@@ -12,9 +12,10 @@ plain functions of tensors:
 - ``trainable_parameters`` (LoRA through peft, or the whole transformer), ``reference()`` (the
   reference policy: LoRA disabled, or a frozen copy), ``save_trainable`` / ``load_trainable``.
 
-Family files (``sd3.py``, ``flux.py``) only say how one transformer call is made and how prompts
-are encoded, using the pipeline's own methods. Run the tests with
-``pytest tests/test_models_sd3.py tests/test_models_flux.py tests/test_model_configs.py``.
+Family files (``sd3.py``, ``flux.py``, ``wan.py``) only say how one transformer call is made and
+how prompts are encoded, using the pipeline's own methods; video families (``modality == "video"``)
+take latents [N, C, f, h, w] and decode to videos [N, F, 3, H, W]. Run the tests with
+``pytest tests/test_models_sd3.py tests/test_models_flux.py tests/test_models_wan.py tests/test_model_configs.py``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from flowgrpo.models.config import (  # noqa: F401  (re-exported)
     _family_class,
     validate_model_config,
     ADAPTER_NAME,
+    DEFAULT_LORA_TARGETS,
     DTYPES,
 )
 
@@ -156,13 +158,16 @@ def set_attention_backend(transformer: torch.nn.Module, backend: str) -> None:
 
 
 class FlowModel:
-    """A flow-matching text-to-image model as functions of tensors (see the module docstring).
+    """A flow-matching text-to-image (or text-to-video) model as functions of tensors (see the module docstring).
 
     Subclasses set ``pipeline_class`` and implement ``_encode``, ``_transformer_velocity``,
     ``_uses_cfg``, ``latent_shape`` and ``_image_seq_len``.
     """
 
     pipeline_class: ClassVar[type]  # the diffusers pipeline whose components and methods we use
+    modality: ClassVar[str] = "image"  # "image": decode -> [N, 3, H, W]; "video": decode -> [N, F, 3, H, W]
+    # LoRA targets used when the config leaves lora_target_modules at the SD3/FLUX default
+    default_lora_targets: ClassVar[tuple[str, ...]] = DEFAULT_LORA_TARGETS
     _default_max_shift: ClassVar[float] = 1.15  # the pipeline's default for dynamic shifting
 
     def __init__(self, config: ModelConfig | dict):
@@ -212,7 +217,7 @@ class FlowModel:
                 r=cfg.lora_rank,
                 lora_alpha=cfg.lora_alpha,
                 init_lora_weights="gaussian",  # A ~ N(0, 1/r), B = 0: the adapter starts as the identity
-                target_modules=list(cfg.lora_target_modules),
+                target_modules=self._lora_targets(),
             )
             self.transformer.add_adapter(lora, adapter_name=ADAPTER_NAME)
             cast_training_params(self.transformer, torch.float32)  # LoRA weights train in fp32
@@ -222,11 +227,16 @@ class FlowModel:
             self.transformer.enable_gradient_checkpointing()
         self._trainable_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
 
+    def _lora_targets(self) -> list[str]:
+        targets = list(self.config.lora_target_modules)
+        return list(self.default_lora_targets) if tuple(targets) == DEFAULT_LORA_TARGETS else targets
+
     def _scheduler_shift(self) -> float:
-        """The time shift the pipeline's scheduler applies at ``config.resolution``."""
+        """The time shift the pipeline's scheduler applies at the configured size."""
         sched = self.pipeline.scheduler.config
         if not sched.get("use_dynamic_shifting", False):
-            return float(sched.get("shift", 1.0))
+            # FlowMatchEulerDiscreteScheduler calls it `shift`; UniPC with flow sigmas (Wan) `flow_shift`
+            return float(sched["shift"] if "shift" in sched else sched.get("flow_shift", 1.0))
         # resolution-dependent shift, as the pipelines compute `mu` (their own calculate_shift)
         calculate_shift = importlib.import_module(self.pipeline_class.__module__).calculate_shift
         mu = calculate_shift(
@@ -269,7 +279,7 @@ class FlowModel:
         if height % multiple or width % multiple:
             raise ValueError(
                 f"image size {height}x{width} does not fit {type(self).__name__}: height and width must be "
-                f"multiples of {multiple} (VAE factor x patch size); change model.resolution"
+                f"multiples of {multiple} (VAE factor x patch size); change model.resolution (and model.width)"
             )
 
     # ---------------------------------------------------------------- the interface
@@ -300,20 +310,16 @@ class FlowModel:
         cond: Conditioning,
         guidance_scale: Optional[float] = None,
     ) -> torch.Tensor:
-        """Velocity v ~ noise - data, float32 [N, C, h, w], for latents x [N, C, h, w] at sigma [N].
+        """Velocity v ~ noise - data, float32 shaped like x, for latents x [N, C, h, w] at sigma [N]
+        (video families: x [N, C, f, h, w]).
 
-        With CFG on (SD3 and FLUX-without-guidance-embeds when guidance_scale > 1) the unconditional
+        With CFG on (SD3, Wan and FLUX-without-guidance-embeds when guidance_scale > 1) the unconditional
         and conditional passes are one batched call ``[uncond; cond]``, combined in float32 as
         ``v_u + g * (v_c - v_u)``. ``cond`` has one row per latent (``Conditioning.select``).
         """
         scale = self.config.guidance_scale if guidance_scale is None else float(guidance_scale)
         n = x.shape[0]
-        channels, multiple = self.latent_shape()[0], self._latent_multiple()
-        if x.ndim != 4 or x.shape[1] != channels or x.shape[2] % multiple or x.shape[3] % multiple:
-            raise ValueError(
-                f"latents of shape {tuple(x.shape)} do not fit {type(self).__name__}: expected "
-                f"[N, {channels}, h, w] with h and w multiples of {multiple}; use latent_shape() for (C, h, w)"
-            )
+        self._check_latents(x)
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=self.device)
         sigma = sigma.expand(n) if sigma.ndim == 0 else sigma.float()
         if sigma.shape != (n,):
@@ -338,6 +344,17 @@ class FlowModel:
     def _latent_multiple(self) -> int:
         """h and w of a latent must be multiples of this (the transformer's patch size)."""
         return int(self.transformer.config.patch_size)
+
+    def _check_latents(self, x: torch.Tensor) -> None:
+        """Raise unless x is a batch of latents this model takes: [N, C, h, w] (video families: [N, C, f, h, w])."""
+        channels, multiple = self.latent_shape()[0], self._latent_multiple()
+        spatial = "f, h, w" if self.modality == "video" else "h, w"
+        ndim = 2 + len(spatial.split(", "))
+        if x.ndim != ndim or x.shape[1] != channels or x.shape[-2] % multiple or x.shape[-1] % multiple:
+            raise ValueError(
+                f"latents of shape {tuple(x.shape)} do not fit {type(self).__name__}: expected "
+                f"[N, {channels}, {spatial}] with h and w multiples of {multiple}; use latent_shape() for (C, {spatial})"
+            )
 
     def velocity_fn(self, cond: Conditioning, guidance_scale: Optional[float] = None) -> Callable:
         """The samplers' convention: ``f(x [N, ...], sigma [N] fp32, cond_index [N] long) -> v``."""

@@ -24,6 +24,9 @@ DEFAULT_LORA_TARGETS = (
     "attn.add_v_proj",
     "attn.to_add_out",
 )
+# Wan's LoRA targets: the query/key/value/output projections of every self-attention (attn1) and
+# cross-attention (attn2) block, as diffusers' and DanceGRPO's Wan LoRA training choose.
+WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 ADAPTER_NAME = "default"  # the peft adapter flowgrpo trains
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FINETUNE_MODES = ("lora", "full")
@@ -34,19 +37,25 @@ _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _FAMILIES: dict[str, str] = {
     "sd3": "flowgrpo.models.sd3:SD3Model",
     "flux": "flowgrpo.models.flux:FluxModel",
+    "wan": "flowgrpo.models.wan:WanModel",
 }
+# video families -> their VAE's temporal compression (num_frames must be k * factor + 1)
+_VIDEO_FAMILIES: dict[str, int] = {"wan": 4}
 
 
 @dataclass
 class ModelConfig:
     """Which model to load and how to fine-tune it (the ``model:`` block of a run config)."""
 
-    family: str = "sd3"  # adapter family: "sd3" (SD3 / SD3.5) | "flux" (FLUX.1); see register_family
+    family: str = "sd3"  # adapter family: "sd3" (SD3 / SD3.5) | "flux" (FLUX.1) | "wan" (Wan2.1 T2V); see register_family
     pretrained: str = "tiny-sd3"  # hub id, local folder saved with save_pretrained, or built-in name
     revision: Optional[str] = None  # hub revision (branch, tag or commit) of `pretrained`
     dtype: str = "float32"  # weights dtype of transformer and text encoders: float32 | bfloat16 | float16
     device: str = "auto"  # "auto" (cuda if available else cpu) | "cpu" | "cuda" | "cuda:1" | "mps"
-    resolution: int = 64  # image height = width in pixels
+    resolution: int = 64  # image (video frame) height in pixels, and the width unless `width` is set
+    width: Optional[int] = None  # width in pixels when it differs from `resolution` (Wan2.1: 480 x 832)
+    # frames per video for video families (Wan: 4k + 1, e.g. 81; the toy model: 9); image families: 1
+    num_frames: int = 1
     guidance_scale: float = 4.5  # SD3: CFG scale (>1 batches [uncond; cond]); FLUX.1-dev: embedded guidance
     max_sequence_length: int = 16  # T5 text tokens (tiny model: 16; SD3.5: 256; FLUX: 512)
     sample_steps: int = 40  # default number of ODE steps for evaluation sampling
@@ -55,16 +64,20 @@ class ModelConfig:
     finetune: str = "lora"  # "lora" (peft adapter on the transformer) | "full" (every transformer weight)
     lora_rank: int = 32  # LoRA rank r
     lora_alpha: float = 64.0  # LoRA alpha; the update is scaled by alpha / r
-    lora_target_modules: List[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))  # module-name suffixes
+    # module-name suffixes; left at this (SD3/FLUX) default, a family with other names uses its own (Wan: WAN_LORA_TARGETS)
+    lora_target_modules: List[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     # reference policy: "auto" (adapter_disabled for LoRA, frozen_copy for full) | "adapter_disabled" |
     # "frozen_copy" (a deep copy of the base transformer) | "none" (no reference, no KL term)
     reference: str = "auto"
     gradient_checkpointing: bool = False  # recompute transformer activations in backward to save memory
 
 
-def register_family(name: str, target: str | type) -> None:
-    """Add an adapter family: ``target`` is a FlowModel subclass or a ``"module:Class"`` string."""
+def register_family(name: str, target: str | type, temporal_factor: Optional[int] = None) -> None:
+    """Add an adapter family: ``target`` is a FlowModel subclass or a ``"module:Class"`` string;
+    ``temporal_factor`` marks a video family whose ``num_frames`` must be k * factor + 1."""
     _FAMILIES[name] = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+    if temporal_factor is not None:
+        _VIDEO_FAMILIES[name] = int(temporal_factor)
 
 
 def families() -> list[str]:
@@ -125,9 +138,18 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
         raise bad("dtype", ", ".join(DTYPES))
     if not _DEVICE_PATTERN.match(config.device):
         raise bad("device", "auto, cpu, cuda, cuda:<index>, mps")
-    for key in ("resolution", "max_sequence_length", "sample_steps", "lora_rank"):
+    for key in ("resolution", "max_sequence_length", "sample_steps", "lora_rank", "num_frames"):
         if getattr(config, key) < 1:
             raise bad(key, "an integer >= 1")
+    if config.width is not None and config.width < 1:
+        raise bad("width", "null (= resolution) or an integer >= 1")
+    factor = _VIDEO_FAMILIES.get(config.family)
+    if factor is None and config.num_frames != 1:
+        raise bad("num_frames", f"1 for the image family {config.family!r} (video families: {', '.join(sorted(_VIDEO_FAMILIES))})")
+    if factor is not None and (config.num_frames - 1) % factor:
+        lower = (config.num_frames - 1) // factor * factor + 1
+        raise bad("num_frames", f"{factor}k + 1 for {config.family!r} (its VAE compresses time {factor}x), e.g. "
+                  f"{lower} or {lower + factor}")
     if not config.guidance_scale >= 0:
         raise bad("guidance_scale", "a number >= 0 (<= 1 turns SD3's CFG off)")
     if config.shift is not None and not config.shift > 0:

@@ -77,7 +77,7 @@ class FluxModel(FlowModel):
 
     def latent_shape(self, height: Optional[int] = None, width: Optional[int] = None) -> tuple[int, ...]:
         height = height or self.config.resolution
-        width = width or self.config.resolution
+        width = width or self.config.width or self.config.resolution
         factor = self.pipeline.vae_scale_factor
         self._check_resolution(height, width, factor * 2 * self.transformer.config.patch_size)
         return (int(self.transformer.config.in_channels) // 4, height // factor, width // factor)

@@ -53,7 +53,7 @@ class SD3Model(FlowModel):
 
     def latent_shape(self, height: Optional[int] = None, width: Optional[int] = None) -> tuple[int, ...]:
         height = height or self.config.resolution
-        width = width or self.config.resolution
+        width = width or self.config.width or self.config.resolution
         factor = self.pipeline.vae_scale_factor
         self._check_resolution(height, width, factor * self.transformer.config.patch_size)
         return (int(self.transformer.config.in_channels), height // factor, width // factor)

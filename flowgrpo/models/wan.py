@@ -1,0 +1,121 @@
+"""Wan2.1 text-to-video adapter: ``WanPipeline``'s own components and methods.
+
+- latents are 5-D, ``[N, C, f, h, w]`` with ``f = (num_frames - 1) / t + 1`` and ``h, w = H / s, W / s``,
+  where ``t`` and ``s`` are the VAE's ``scale_factor_temporal`` / ``scale_factor_spatial`` (Wan2.1:
+  4 and 8; 81 frames of 480x832 -> 16 x 21 x 60 x 104), exactly as ``WanPipeline.prepare_latents``;
+- prompts: ``pipeline.encode_prompt`` (UMT5, padded to ``max_sequence_length`` with zeros past
+  each prompt's tokens); the unconditional row is the empty prompt, the pipeline's default negative;
+- velocity: ``transformer(hidden_states, timestep=sigma * num_train_timesteps, encoder_hidden_states)``
+  as the pipeline calls it; CFG when ``guidance_scale > 1``. The pipeline makes the conditional and
+  unconditional passes as two calls; here they are one batched ``[uncond; cond]`` call (the same
+  numbers up to float rounding, tested), identical in rollout and training;
+- decode: ``latents * latents_std + latents_mean`` per channel, ``vae.decode``, then the pipeline's
+  ``video_processor.postprocess_video`` -> float32 ``[N, F, 3, H, W]`` in [0, 1], the layout of the
+  video reward contract (``rewards/base.py``).
+
+Wan ships a ``UniPCMultistepScheduler`` with ``flow_shift`` (3.0 at 480p, 5.0 at 720p); the
+adapter reads that shift, and the samplers own the sigma grid. UniPC rounds its timesteps to
+integers; the adapter passes ``sigma * 1000`` unrounded (as ``FlowMatchEulerDiscreteScheduler``),
+which the transformer's sinusoidal embedding takes as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from diffusers import WanPipeline
+
+from flowgrpo.models.base import Conditioning, FlowModel
+from flowgrpo.models.config import WAN_LORA_TARGETS
+
+
+class WanModel(FlowModel):
+    pipeline_class = WanPipeline
+    modality = "video"
+    default_lora_targets = WAN_LORA_TARGETS
+
+    def _encode(self, prompts: list[str]):
+        embeds, _ = self.pipeline.encode_prompt(
+            prompt=prompts,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.config.max_sequence_length,
+            device=self.device,
+        )
+        return embeds, None, None
+
+    def _uses_cfg(self, guidance_scale: float) -> bool:
+        return guidance_scale > 1.0  # the pipeline's do_classifier_free_guidance
+
+    def _transformer_velocity(
+        self,
+        transformer: torch.nn.Module,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        cond: Conditioning,
+        guidance_scale: float,
+    ) -> torch.Tensor:
+        return transformer(
+            hidden_states=x,
+            timestep=sigma * self._num_train_timesteps,
+            encoder_hidden_states=cond.prompt_embeds.to(self.dtype),
+            return_dict=False,
+        )[0]
+
+    def latent_shape(
+        self, height: Optional[int] = None, width: Optional[int] = None, num_frames: Optional[int] = None
+    ) -> tuple[int, ...]:
+        """Per-sample (C, f, h, w) of the latent of a num_frames x height x width video."""
+        height = height or self.config.resolution
+        width = width or self.config.width or self.config.resolution
+        num_frames = num_frames or self.config.num_frames
+        spatial = self.pipeline.vae_scale_factor_spatial
+        temporal = self.pipeline.vae_scale_factor_temporal
+        self._check_resolution(height, width, spatial * self._latent_multiple())
+        if (num_frames - 1) % temporal:
+            raise ValueError(
+                f"num_frames={num_frames} does not fit {type(self).__name__}: its VAE compresses time "
+                f"{temporal}x, so num_frames must be {temporal}k + 1; change model.num_frames"
+            )
+        return (
+            int(self.transformer.config.in_channels),
+            (num_frames - 1) // temporal + 1,
+            height // spatial,
+            width // spatial,
+        )
+
+    def _latent_multiple(self) -> int:
+        return int(self.transformer.config.patch_size[1])  # patch (t, h, w) = (1, 2, 2) in Wan2.1
+
+    def _image_seq_len(self) -> int:
+        _, f, h, w = self.latent_shape()
+        pt, ph, pw = self.transformer.config.patch_size
+        return (f // pt) * (h // ph) * (w // pw)
+
+    def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The VAE's per-channel latent mean and std, shaped [1, C, 1, 1, 1]."""
+        cfg = self.vae.config
+        shape = (1, cfg.z_dim, 1, 1, 1)
+        mean = torch.tensor(cfg.latents_mean, device=self.device, dtype=dtype).view(shape)
+        std = torch.tensor(cfg.latents_std, device=self.device, dtype=dtype).view(shape)
+        return mean, std
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents [N, C, f, h, w] -> videos float32 [N, F, 3, H, W] in [0, 1] (as WanPipeline decodes)."""
+        latents = latents.to(self.device, self.vae.dtype)
+        mean, std = self._latent_stats(latents.dtype)
+        video = self.vae.decode(latents / (1.0 / std) + mean, return_dict=False)[0]  # the pipeline's arithmetic
+        return self.pipeline.video_processor.postprocess_video(video, output_type="pt").float()
+
+    def encode_videos(self, videos: torch.Tensor) -> torch.Tensor:
+        """Videos [N, F, 3, H, W] in [0, 1] -> latents float32 [N, C, f, h, w] (VAE mean, normalised per channel)."""
+        if videos.ndim != 5 or videos.shape[2] != 3:
+            raise ValueError(f"encode_videos takes videos [N, F, 3, H, W] in [0, 1], got {tuple(videos.shape)}")
+        pixels = videos.to(self.device, self.vae.dtype).permute(0, 2, 1, 3, 4) * 2 - 1  # [N, 3, F, H, W] in [-1, 1]
+        latents = self.vae.encode(pixels).latent_dist.mean
+        mean, std = self._latent_stats(latents.dtype)
+        return ((latents - mean) / std).float()
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """Videos [N, F, 3, H, W] (or images [N, 3, H, W] as one-frame videos) -> latents [N, C, f, h, w]."""
+        return self.encode_videos(images.unsqueeze(1) if images.ndim == 4 else images)
