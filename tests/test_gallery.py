@@ -361,4 +361,8 @@ def test_charts_and_compare(browser, tmp_path):
     wait_render(browser, n)
     rows = browser.find_elements("css selector", "#app .compare-row")
     assert [r.get_attribute("data-step") for r in rows] == ["eval_0", "step_10", "step_20", "step_30"]
+    n = browser.execute_script("return window.__gallery.renders")
+    next(a for a in browser.find_elements("css selector", ".prompt-list a") if a.text == prompts[0][0]).click()
+    wait_render(browser, n)
+    assert browser.find_element("css selector", "#app h2.prompt").text == prompts[0][0]
     assert severe_console_entries(browser) == []

@@ -10,8 +10,9 @@
 const LABELS = ["good", "bad", "reward hacked"];
 const GROUPS_PER_PAGE = 20, SAMPLES_PER_PAGE = 120, POLL_MS = 5000;
 const G = {index: null, steps: {}, metrics: null, prompts: null, flags: {}, served: false, pending: {}, lsKey: ""};
-const S = {view: "samples", step: "", q: "", task: "", reward: "", min: "", max: "", sort: "order", flag: "",
-           layout: "groups", page: 1, prompt: "", pq: "", all: "", metric: ""};
+const DEFAULTS = {view: "samples", step: "", q: "", task: "", reward: "", min: "", max: "", sort: "order", flag: "",
+                  layout: "groups", page: 1, prompt: "", pq: "", all: "", metric: ""};
+const S = Object.assign({}, DEFAULTS);
 window.__gallery = {firstRender: null, renders: 0};
 
 /* ---------- loading ---------- */
@@ -59,13 +60,19 @@ async function loadIndex(bust) {
 
 function readHash() {
   const p = new URLSearchParams(location.hash.slice(1));
-  for (const k of Object.keys(S)) if (p.has(k)) S[k] = k === "page" ? Math.max(1, parseInt(p.get(k), 10) || 1) : p.get(k);
+  for (const k of Object.keys(DEFAULTS)) {
+    S[k] = !p.has(k) ? DEFAULTS[k] : k === "page" ? Math.max(1, parseInt(p.get(k), 10) || 1) : p.get(k);
+  }
+}
+
+function hashFor(changes) {
+  const p = new URLSearchParams();
+  for (const [k, v] of Object.entries(Object.assign({}, S, changes))) if (v !== "" && !(k === "page" && v === 1)) p.set(k, v);
+  return "#" + p.toString();
 }
 
 function writeHash() {
-  const p = new URLSearchParams();
-  for (const [k, v] of Object.entries(S)) if (v !== "" && !(k === "page" && v === 1)) p.set(k, v);
-  history.replaceState(null, "", "#" + p.toString());
+  history.replaceState(null, "", hashFor({}));
 }
 
 function setState(changes, keepPage) {
@@ -200,6 +207,7 @@ function media(s, big) {
     const v = el("video", {src: s.src, muted: true, loop: true, playsInline: true, controls: true,
                            preload: s.poster || s.thumb ? "none" : "metadata"});
     v.muted = true;
+    v.autoplay = !!big;
     if (s.poster || s.thumb) v.poster = s.poster || s.thumb;
     if (!big) { v.addEventListener("mouseenter", () => v.play().catch(() => {})); v.addEventListener("mouseleave", () => v.pause()); }
     return v;
@@ -507,8 +515,8 @@ async function renderCompare(app) {
   const list = el("ol", {class: "prompt-list"});
   for (const p of matches.slice(0, 200)) {
     list.append(el("li", {class: p.prompt === S.prompt ? "sel" : ""},
-      el("button", {type: "button", class: "link", text: p.prompt, onclick: () => setState({prompt: p.prompt})}),
-      el("span", {class: "muted small", text: ` ${p.steps.length} step${p.steps.length === 1 ? "" : "s"}`})));
+      el("a", {href: hashFor({prompt: p.prompt}), text: p.prompt}),
+      el("span", {class: "muted small", text: ` · ${p.steps.length} step${p.steps.length === 1 ? "" : "s"}`})));
   }
   if (matches.length > 200) list.append(el("li", {class: "muted", text: `… ${matches.length - 200} more: refine the search`}));
   const entry = G.prompts.find(p => p.prompt === S.prompt);
@@ -517,6 +525,7 @@ async function renderCompare(app) {
     el("label", {class: "field inline"}, both, el("span", {text: "base vs now only (first and last step with this prompt)"})));
   if (entry) {
     right.prepend(el("h2", {class: "prompt", text: entry.prompt}));
+    if (entry.steps.length === 1) right.append(el("p", {class: "muted", text: "sampled in one step so far"}));
     let steps = entry.steps;
     if (S.all !== "1" && steps.length > 2) steps = [steps[0], steps[steps.length - 1]];
     await Promise.all(steps.map(loadStep));
@@ -545,7 +554,8 @@ function rewardKeys(series) {
 
 function heldOutKey(series) {
   if (series["eval/mean_score"]) return "eval/mean_score";
-  return Object.keys(series).find(k => k.startsWith("eval/") && !/per_task|task\/|num_|seconds/.test(k)) || null;
+  if (series["eval/strict_accuracy"]) return "eval/strict_accuracy";
+  return Object.keys(series).find(k => k.startsWith("eval/") && !/per_task|task\/|num_|seconds|guidance/.test(k)) || null;
 }
 
 async function renderCharts(app) {
