@@ -5,7 +5,7 @@
 
 The site is self-contained, so it opens from disk (file://), serves from any folder and zips:
 
-    index.html, gallery.js, gallery.css     the page (plain JS, no framework, no network)
+    index.html, *.js, gallery.css           the page (plain JS, no framework, no network)
     data/index.js                           run summary, steps (train and eval) with counts and means
     data/steps/<step>.js                    one shard per step: prompt groups and their samples
     data/metrics.js, data/prompts.js        metric columns for the charts; prompt -> steps for compare
@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 STATIC = Path(__file__).resolve().parent / "static"
-STATIC_FILES = ("index.html", "gallery.js", "charts.js", "gallery.css")
+STATIC_FILES = ("index.html", "gallery.js", "views.js", "charts.js", "gallery.css")
 THUMB_LIMIT = 160  # images with a side above this many pixels get a thumbnail
 THUMB_SIZE = 256  # longest side of a thumbnail
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mov"}
