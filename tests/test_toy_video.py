@@ -16,7 +16,7 @@ from rewards import load_reward
 from rewards.base import Reward
 from rewards.toy import video_world as vw
 from rewards.toy.video_scorer import ToyVideoScorer, summarize
-from rewards.toy.world import BACKGROUND
+from rewards.toy.world import BACKGROUND, COLORS
 
 torch.set_num_threads(1)
 SCORER = ToyVideoScorer()
@@ -82,7 +82,8 @@ def test_parse_prompt_inverts_every_prompt_and_examples():
         {"type": "motion", "object": 0, "direction": "left"},
         {"type": "motion", "object": 1, "direction": "down"},
     )
-    assert vw.parse_prompt("a video of a red circle moving up").clauses[1] == {"type": "color", "object": 0, "color": "red"}
+    red = vw.parse_prompt("a video of a red circle moving up")
+    assert red.clauses[1] == {"type": "color", "object": 0, "color": "red"}
     assert vw.parse_prompt("a video of a square moving left quickly").clauses[-1] == {
         "type": "speed", "object": 0, "speed": "quickly"}
     assert vw.parse_prompt("a video of a triangle moving up").novel
@@ -201,6 +202,8 @@ def test_noise_and_blank_clips_score_near_zero(ground_truth):
     assert s["mean_score"] <= 0.05 and s["strict_accuracy"] == 0.0
     blank = torch.tensor(BACKGROUND).view(1, 1, 3, 1, 1).div(255).expand(8, 9, 3, 32, 32)
     assert _score(blank, prompts[:8])["mean_score"] == 0.0
+    wash = torch.tensor(COLORS["red"]).view(1, 1, 3, 1, 1).div(255).expand(1, 9, 3, 32, 32)
+    assert SCORER(wash, ["a video of a red square moving left"]).scores.item() == 0.0  # a wash is no square
 
 
 def test_mild_blur_noise_and_desaturation_still_score_high(ground_truth):
@@ -248,10 +251,15 @@ def test_motion_and_speed_clauses():
     assert scores["a video of a circle moving down"][-1]["credit"] == 0.0  # opposite motion
     slow, _ = _single("a video of a circle moving up slowly", seed=5)
     assert [c["credit"] for c in SCORER(slow, ["a video of a circle moving up slowly"]).info["clauses"][0]] == [1.0] * 3
-    # a shuffled clip goes back and forth: the steady fraction cuts the motion credit
+    # shuffled frames: the object teleports ahead in every other frame; those frames are jumps the
+    # track skips, and each costs motion credit as a bad step would
     shuffled = clip[:, torch.tensor([0, 5, 1, 6, 2, 7, 3, 8, 4])]
     motion = SCORER(shuffled, ["a video of a circle moving up"]).info["motion"][0][0]
-    assert motion["steady"] < 0.6 and motion["credit"] < 0.6
+    assert (motion["frames_tracked"], motion["jumps"]) == (5, 4)
+    assert motion["steady"] == 0.5 and motion["credit"] == 0.5
+    backwards_and_forwards = clip[:, torch.tensor([0, 1, 2, 3, 4, 3, 2, 1, 0])]
+    motion = SCORER(backwards_and_forwards, ["a video of a circle moving up"]).info["motion"][0][0]
+    assert motion["credit"] == 0.0  # the net velocity is zero
 
 
 def test_wrong_colour_and_shape():

@@ -72,10 +72,9 @@ def _label_components(cls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         root = new
 
 
-def detect_objects(images: torch.Tensor, min_area: float | None = None) -> list[list[dict]]:
+def detect_objects(images: torch.Tensor) -> list[list[dict]]:
     """images: uint8 [B, 3, H, W]. Per image, the detected objects as dicts
-    {"shape", "color", "cx", "cy", "area", "fill", "cross", "top_heaviness"} (pixels, y down).
-    min_area: smallest component in pixels (default MIN_AREA scaled with the image area)."""
+    {"shape", "color", "cx", "cy", "area", "fill", "cross", "top_heaviness"} (pixels, y down)."""
     batch, _, height, width = images.shape
     pixels = images.permute(0, 2, 3, 1).reshape(-1, 3).to(torch.int32)  # [N, 3]
     palette = torch.tensor([*COLORS.values(), BACKGROUND], dtype=torch.int32)  # [K+1, 3]
@@ -113,8 +112,7 @@ def detect_objects(images: torch.Tensor, min_area: float | None = None) -> list[
     top_heaviness = -mean(dy**3) / var_y**1.5  # minus the skewness of y: triangle 0.566, else 0
     features = torch.stack([cross, top_heaviness], dim=1)  # [C, 2]
     shape_idx = ((features[:, None, :] - _PROTOTYPES[None]) ** 2).sum(-1).argmin(dim=1)
-    if min_area is None:
-        min_area = MIN_AREA * height * width / IMAGE_SIZE**2
+    min_area = MIN_AREA * height * width / IMAGE_SIZE**2
     aspect = torch.maximum(box_w / box_h, box_h / box_w)
     valid = (area >= min_area) & (fill >= MIN_FILL) & (aspect <= MAX_ASPECT)
     color_idx = cls.reshape(-1)[comp_root]

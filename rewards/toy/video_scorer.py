@@ -1,9 +1,11 @@
 """The verifiable scorer of the toy video world: GenEval-style partial credit from pixels alone.
 
 Per frame, objects are found as the image scorer finds them (``detect_objects``: nearest palette
-colour, 4-connected components, moment-based shape), with components of at least MIN_AREA pixels. Per named object a **track** is built:
-in each frame the detections of its shape (and colour when named), the first the largest, each
-later one the nearest to the track's last position. Each clause gets a credit in [0, 1]:
+colour, 4-connected components, moment-based shape), keeping components of MIN_AREA to MAX_AREA
+pixels. Per named object a **track** is built from the detections of its shape (and colour when
+named): the largest in the first frame that has one, then in each frame the one nearest the track's
+last point, unless it lies further than MAX_STEP per frame (clutter or another object; the frame
+is then a gap). Each clause gets a credit in [0, 1]:
 
     object  SHAPE S present          mean over frames of 1 - |n - K| / K clipped at 0 (n detected S,
                                      K = S's total in the prompt): flicker and duplicates cost credit
@@ -11,8 +13,9 @@ later one the nearest to the track's last position. Each clause gets a credit in
     motion  object i moves D         needs a track in at least half the frames; v = least-squares
                                      velocity of the track's centre (px/frame, scaled to 32 px wide);
                                      0 unless the component along D dominates the perpendicular one,
-                                     else min(1, v_along / MIN_SPEED) x the fraction of consecutive
-                                     track steps that do not go back by more than BACKSTEP_TOLERANCE
+                                     else min(1, v_along / MIN_SPEED) x steady, the fraction of the
+                                     track's steps that do not go back by more than BACKSTEP_TOLERANCE
+                                     (frames where the object teleported count as bad steps)
     speed   slowly / quickly         1 if the motion is in D (as above) with v_along >= MIN_SPEED and
                                      v_along < SPEED_SPLIT (slowly) or >= SPEED_SPLIT (quickly)
 
@@ -35,9 +38,14 @@ from rewards.base import Reward, RewardOutput
 from rewards.toy.scorer import detect_objects, resolve_prompt, summarize  # noqa: F401  (summarize is re-exported)
 from rewards.toy.video_world import DIRECTION_VECTORS, FRAME_SIZE, ToyVideoPrompt, parse_prompt
 
-MIN_AREA = 14  # pixels at 32x32 (scaled with frame area); the smallest true object, a 4 px triangle, has 32
+# Object size limits in pixels at 32x32 (scaled with frame area): the smallest true object (a 4 px
+# triangle) has 32 px, the largest (a 7 px square) 196; smaller components are specks of noise,
+# larger ones colour washes (an untrained model's frame-filling blobs), neither a toy object.
+MIN_AREA = 14
+MAX_AREA = 400
 MIN_SPEED = 0.5  # px/frame at 32 px wide: full motion credit from here (ground truth moves >= 0.6)
 SPEED_SPLIT = 1.25  # px/frame at 32 px wide: slower is "slowly", faster "quickly" (truth: <= 0.9, >= 1.6)
+MAX_STEP = 4.0  # px per frame at 32 px wide: a track never jumps further (ground truth moves <= 1.9)
 BACKSTEP_TOLERANCE = 0.5  # px at 32 px wide: a step back this small is pixel jitter, not a reversal
 MOTION_WEIGHT = 2.0  # weight of an object's motion group relative to its appearance group
 APPEARANCE = ("object", "color")
@@ -49,20 +57,26 @@ def _parse_cached(text: str) -> ToyVideoPrompt:
     return parse_prompt(text)
 
 
-def _track(frames: list[list[dict]], shape: str, color: str | None) -> list[tuple[int, float, float]]:
-    """(frame, cx, cy) of one object: per frame its matching detection nearest the last track point."""
+def _track(frames: list[list[dict]], shape: str, color: str | None, max_step: float) -> tuple[list, int]:
+    """The track of one object, [(frame, cx, cy)]: the largest matching detection of the first frame
+    that has one, then per frame the matching detection nearest the last track point if within
+    max_step per frame; and the number of frames whose matches were all too far (teleports)."""
     track: list[tuple[int, float, float]] = []
+    jumps = 0
     for t, detections in enumerate(frames):
         matches = [d for d in detections if d["shape"] == shape and (color is None or d["color"] == color)]
         if not matches:
             continue
         if track:
-            _, x, y = track[-1]
+            last_t, x, y = track[-1]
             best = min(matches, key=lambda d: (d["cx"] - x) ** 2 + (d["cy"] - y) ** 2)
+            if math.hypot(best["cx"] - x, best["cy"] - y) > max_step * (t - last_t):
+                jumps += 1  # a jump no toy object makes: a teleport, another object, or clutter
+                continue
         else:
             best = max(matches, key=lambda d: d["area"])
         track.append((t, best["cx"], best["cy"]))
-    return track
+    return track, jumps
 
 
 def _velocity(track: list[tuple[int, float, float]]) -> tuple[float, float]:
@@ -77,30 +91,33 @@ def _velocity(track: list[tuple[int, float, float]]) -> tuple[float, float]:
     return vx, vy
 
 
-def motion_of(track: list[tuple[int, float, float]], direction: str, num_frames: int, scale: float) -> dict:
+def motion_of(track: list[tuple[int, float, float]], jumps: int, direction: str, num_frames: int, scale: float) -> dict:
     """Motion of a track relative to `direction`: {"along", "across"} speeds (px/frame at 32 px wide),
-    "steady" (fraction of consecutive steps not going back) and "credit" (the motion clause's)."""
+    "steady" (the fraction of the track's steps, and of its `jumps`, that are steps not going back)
+    and "credit" (the motion clause's)."""
     if len(track) < max(2, math.ceil(num_frames / 2)):
         return {"along": 0.0, "across": 0.0, "steady": 0.0, "credit": 0.0}
     ux, uy = DIRECTION_VECTORS[direction]
     vx, vy = _velocity(track)
     along, across = (vx * ux + vy * uy) / scale, abs(vx * uy - vy * ux) / scale
     steps = [((b[1] - a[1]) * ux + (b[2] - a[2]) * uy) / scale for a, b in zip(track, track[1:])]
-    steady = sum(s >= -BACKSTEP_TOLERANCE for s in steps) / len(steps)
+    steady = sum(s >= -BACKSTEP_TOLERANCE for s in steps) / (len(steps) + jumps)
     credit = min(1.0, along / MIN_SPEED) * steady if along > 0 and along >= across else 0.0
     return {"along": along, "across": across, "steady": steady, "credit": credit}
 
 
-def score_clauses(prompt: ToyVideoPrompt, frames: list[list[dict]], scale: float = 1.0) -> tuple[list[float], list[dict]]:
+def score_clauses(
+    prompt: ToyVideoPrompt, frames: list[list[dict]], scale: float = 1.0
+) -> tuple[list[float], list[dict]]:
     """One credit in [0, 1] per clause of `prompt` given per-frame detections, and per-object motion."""
     objects = [c for c in prompt.clauses if c["type"] == "object"]
     colors = {c["object"]: c["color"] for c in prompt.clauses if c["type"] == "color"}
     directions = {c["object"]: c["direction"] for c in prompt.clauses if c["type"] == "motion"}
     expected = {o["shape"]: sum(p["count"] for p in objects if p["shape"] == o["shape"]) for o in objects}
     num_frames = len(frames)
-    tracks = [_track(frames, o["shape"], colors.get(i)) for i, o in enumerate(objects)]
-    motions = [motion_of(tr, directions[i], num_frames, scale) if i in directions else None
-               for i, tr in enumerate(tracks)]
+    tracks = [_track(frames, o["shape"], colors.get(i), MAX_STEP * scale) for i, o in enumerate(objects)]
+    motions = [motion_of(tr, jumps, directions[i], num_frames, scale) if i in directions else None
+               for i, (tr, jumps) in enumerate(tracks)]
     credits = []
     for clause in prompt.clauses:
         kind = clause["type"]
@@ -121,7 +138,8 @@ def score_clauses(prompt: ToyVideoPrompt, frames: list[list[dict]], scale: float
             credits.append(1.0 if moving and fast == (clause["speed"] == "quickly") else 0.0)
         else:
             raise ValueError(f"unknown clause type {kind!r} in {prompt.text!r}")
-    return credits, [{"frames_tracked": len(tr), **(m or {})} for tr, m in zip(tracks, motions)]
+    return credits, [{"frames_tracked": len(tr), "jumps": jumps, **(m or {})}
+                     for (tr, jumps), m in zip(tracks, motions)]
 
 
 def combine(prompt: ToyVideoPrompt, credits: list[float]) -> float:
@@ -160,8 +178,11 @@ class ToyVideoScorer(Reward):
         if num_frames < 3:
             raise ValueError(f"toy_video: clips need at least 3 frames to show motion, got {num_frames}")
         parsed = [self._prompt(text, None if metadata is None else metadata[i]) for i, text in enumerate(prompts)]
-        min_area = MIN_AREA * height * width / FRAME_SIZE**2
-        detections = detect_objects(videos.reshape(batch * num_frames, 3, height, width), min_area)
+        area_scale = height * width / FRAME_SIZE**2
+        detections = [
+            [d for d in frame if MIN_AREA * area_scale <= d["area"] <= MAX_AREA * area_scale]
+            for frame in detect_objects(videos.reshape(batch * num_frames, 3, height, width))
+        ]
         scale = width / FRAME_SIZE
         clause_credits, motions, scores, strict = [], [], [], []
         for b, prompt in enumerate(parsed):

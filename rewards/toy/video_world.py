@@ -291,5 +291,6 @@ if __name__ == "__main__":
             frames = [np.pad(f, ((1, 1), (1, 1), (0, 0))) for f in render_prompt(prompt, i)]  # black frame lines
             rows.append(np.concatenate(frames, axis=1))  # frames side by side
     sheet = np.concatenate(rows, axis=0)
-    Image.fromarray(sheet).resize((sheet.shape[1] * 4, sheet.shape[0] * 4), Image.NEAREST).save("/tmp/toy_video_world.png")
+    big = (sheet.shape[1] * 4, sheet.shape[0] * 4)
+    Image.fromarray(sheet).resize(big, Image.NEAREST).save("/tmp/toy_video_world.png")
     print("train", len(train_prompts()), "eval", len(eval_prompts()))
