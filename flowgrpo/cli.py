@@ -4,6 +4,7 @@
                          reward and print a JSON summary: mean score, strict accuracy, per-task
                          means, number of images, seconds
   flowgrpo pretrain-toy  (re)build the embedded tiny SD3 model on the toy world (resumable)
+  flowgrpo pretrain-toy-video  (re)build the embedded tiny Wan2.1 model on the toy video world (resumable)
 
 Run ``flowgrpo <command> --help`` for the options.
 """
@@ -80,26 +81,42 @@ def _save_images(folder: Path, images, prompts: list[str]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, (image, prompt) in enumerate(zip(images, prompts)):
-        name = f"{i:05d}.png"
-        array = (image.permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
-        Image.fromarray(array).save(folder / name)
+        if image.ndim == 4:  # a video [F, 3, H, W]: an animated GIF
+            name = f"{i:05d}.gif"
+            frames = [Image.fromarray(a) for a in (image.permute(0, 2, 3, 1).clamp(0, 1) * 255).round().byte().numpy()]
+            frames[0].save(folder / name, save_all=True, append_images=frames[1:], duration=125, loop=0)
+        else:
+            name = f"{i:05d}.png"
+            array = (image.permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
+            Image.fromarray(array).save(folder / name)
         rows.append(json.dumps({"file": name, "prompt": prompt}))
     (folder / "manifest.jsonl").write_text("\n".join(rows) + "\n")
+
+
+def _pretrain_config(config_class, args):
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    return config_class(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
 
 
 def cmd_pretrain_toy(args) -> int:
     from flowgrpo.pretrain import PretrainConfig, pretrain_toy
 
-    fields = {f.name for f in dataclasses.fields(PretrainConfig)}
-    cfg = PretrainConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
-    print(json.dumps(pretrain_toy(cfg), indent=2))
+    print(json.dumps(pretrain_toy(_pretrain_config(PretrainConfig, args)), indent=2))
     return 0
 
 
-def _add_pretrain_options(parser: argparse.ArgumentParser) -> None:
-    from flowgrpo.pretrain import PretrainConfig
+def cmd_pretrain_toy_video(args) -> int:
+    from flowgrpo.pretrain_video import PretrainVideoConfig, pretrain_toy_video
 
-    for f in dataclasses.fields(PretrainConfig):
+    print(json.dumps(pretrain_toy_video(_pretrain_config(PretrainVideoConfig, args)), indent=2))
+    return 0
+
+
+def _add_pretrain_options(parser: argparse.ArgumentParser, config_class=None) -> None:
+    if config_class is None:
+        from flowgrpo.pretrain import PretrainConfig as config_class
+
+    for f in dataclasses.fields(config_class):
         if f.type in ("int", "float", "str", int, float, str):
             kind = {"int": int, "float": float, "str": str}.get(f.type, f.type)
             parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
@@ -114,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", default="tiny_sd3", help="model config: a YAML file or a name in configs/models (default tiny_sd3)")
     ev.add_argument("--pretrained", help="override the config's model: hub id, local folder or built-in name")
     ev.add_argument("--checkpoint", help="a trained checkpoint folder (LoRA or full weights) to load on top")
-    ev.add_argument("--prompts", default="toy-eval", help="'toy-eval' (default), 'toy-train', a .txt or a .jsonl file")
+    ev.add_argument("--prompts", default="toy-eval",
+                    help="'toy-eval' (default), 'toy-train', 'toy-video-eval', 'toy-video-train', a .txt or a .jsonl file")
     ev.add_argument("--reward", default="toy", help="registered reward name or dotted path module:Class")
     ev.add_argument("--steps", type=int, help="ODE steps (default: the model config's sample_steps)")
     ev.add_argument("--guidance", type=float, help="guidance scale (default: the model config's)")
@@ -130,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("pretrain-toy", help="build the embedded tiny SD3 model on the toy world (resumable)")
     _add_pretrain_options(pre)
     pre.set_defaults(func=cmd_pretrain_toy)
+
+    from flowgrpo.pretrain_video import PretrainVideoConfig
+
+    pre_video = sub.add_parser("pretrain-toy-video",
+                               help="build the embedded tiny Wan2.1 model on the toy video world (resumable)")
+    _add_pretrain_options(pre_video, PretrainVideoConfig)
+    pre_video.set_defaults(func=cmd_pretrain_toy_video)
     return parser
 
 

@@ -11,18 +11,21 @@ class PromptFileError(ValueError):
 
 
 def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
-    """Prompts and metadata from 'toy-eval', 'toy-train', a .txt file (one prompt a line) or a
-    .jsonl file ({"prompt": ..., "metadata": {...}} a line; metadata optional)."""
-    if spec in ("toy-eval", "toy-train"):
-        from rewards.toy import world
+    """Prompts and metadata from 'toy-eval', 'toy-train' (toy images), 'toy-video-eval',
+    'toy-video-train' (toy videos), a .txt file (one prompt a line) or a .jsonl file
+    ({"prompt": ..., "metadata": {...}} a line; metadata optional)."""
+    if spec in ("toy-eval", "toy-train", "toy-video-eval", "toy-video-train"):
+        from rewards.toy import video_world, world
 
-        toy = world.eval_prompts() if spec == "toy-eval" else world.train_prompts()
+        toy_world = video_world if spec.startswith("toy-video") else world
+        toy = toy_world.eval_prompts() if spec.endswith("eval") else toy_world.train_prompts()
         prompts, metadata = [p.text for p in toy], [p.to_dict() for p in toy]
     else:
         path = Path(spec)
         if not path.is_file():
             raise PromptFileError(
-                f"prompts {spec!r} is neither 'toy-eval', 'toy-train' nor an existing .txt (one prompt a "
+                f"prompts {spec!r} is neither 'toy-eval', 'toy-train', 'toy-video-eval', 'toy-video-train' "
+                "nor an existing .txt (one prompt a "
                 'line) or .jsonl ({"prompt": ..., "metadata": {...}} a line) file'
             )
         lines = [line for line in path.read_text().splitlines() if line.strip()]

@@ -15,6 +15,7 @@ Stages (each resumable from ``--work-dir``; rerunning the same command continues
 Every random draw is a pure function of (seed, stage, step), so a resumed run repeats the
 uninterrupted one. The result is a ``StableDiffusion3Pipeline`` folder written with
 ``save_pretrained`` (≈ 15 MB) that loads with ``StableDiffusion3Pipeline.from_pretrained``.
+``flowgrpo/pretrain_video.py`` runs the same stages (``train_vae``, ``train_flow``) for the tiny Wan.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -118,21 +120,27 @@ def _images_to_tensor(images: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div(255.0)
 
 
-def train_vae(pipe, cfg: PretrainConfig, work: Path) -> None:
+def _toy_images(rng: random.Random, n: int) -> torch.Tensor:
+    """n rendered train scenes, float [n, 3, 64, 64] in [0, 1]."""
+    train = world.train_prompts()
+    return _images_to_tensor([world.render_prompt(rng.choice(train), rng.randrange(2**31)) for _ in range(n)])
+
+
+def train_vae(
+    pipe, cfg, work: Path, sample_pixels: Callable[[random.Random, int], torch.Tensor] = _toy_images
+) -> None:
+    """Stage 1: the VAE learns to reconstruct ``sample_pixels(rng, vae_batch)`` (floats in [0, 1];
+    images [B, 3, H, W] or, for a video VAE, clips [B, 3, F, H, W]) with L1 + a tiny KL."""
     vae = pipe.vae
     state = _State(work / "vae")
     optimizer = torch.optim.Adam(vae.parameters(), lr=cfg.vae_lr)
     start = state.load({"vae": vae}, optimizer, None)["step"] if state.exists() else 0
     if start >= cfg.vae_steps:
         return
-    train = world.train_prompts()
     vae.train()
     bar = tqdm(range(start, cfg.vae_steps), desc="1/3 vae", initial=start, total=cfg.vae_steps)
     for step in bar:
-        rng = random.Random(cfg.seed * 7919 + step)
-        images = _images_to_tensor(
-            [world.render_prompt(rng.choice(train), rng.randrange(2**31)) for _ in range(cfg.vae_batch)]
-        )
+        images = sample_pixels(random.Random(cfg.seed * 7919 + step), cfg.vae_batch)
         torch.manual_seed(cfg.seed * 1_000_003 + step)  # the posterior sample
         posterior = vae.encode(images * 2 - 1).latent_dist
         recon = vae.decode(posterior.sample()).sample
@@ -228,8 +236,31 @@ def evaluate_snapshot(folder: Path, cfg: PretrainConfig) -> dict:
     return evaluate_toy(model, world.eval_prompts(), seed=cfg.seed)
 
 
-def train_flow(pipe, cfg: PretrainConfig, work: Path, latents: torch.Tensor, texts: list[str]) -> dict | None:
-    modules = _flow_modules(pipe)
+def _sd3_predict(pipe, xt: torch.Tensor, sigma: torch.Tensor, captions: list[str]) -> torch.Tensor:
+    """The SD3 transformer's velocity for noisy latents xt at sigma, with gradients into the text encoders."""
+    embeds, _, pooled, _ = pipe.encode_prompt(
+        captions, None, None, do_classifier_free_guidance=False, max_sequence_length=pipe.tokenizer.model_max_length
+    )
+    return pipe.transformer(
+        hidden_states=xt, timestep=sigma * 1000, encoder_hidden_states=embeds, pooled_projections=pooled
+    ).sample
+
+
+def train_flow(
+    pipe,
+    cfg,
+    work: Path,
+    latents: torch.Tensor,
+    texts: list[str],
+    modules: dict[str, torch.nn.Module] | None = None,
+    predict: Callable = _sd3_predict,
+    evaluate: Callable[[Path, object], dict] | None = None,
+) -> dict | None:
+    """Stage 3: rectified flow matching of ``modules`` (default: SD3's transformer and text encoders)
+    on normalised ``latents`` [N, ...] with captions ``texts``; ``predict(pipe, xt, sigma, captions)``
+    is the model's velocity, ``evaluate(snapshot_folder, cfg)`` scores an EMA snapshot."""
+    modules = modules if modules is not None else _flow_modules(pipe)
+    evaluate = evaluate or evaluate_snapshot
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.flow_lr, weight_decay=0.0)
     ema = _ema_init(modules)
@@ -238,7 +269,6 @@ def train_flow(pipe, cfg: PretrainConfig, work: Path, latents: torch.Tensor, tex
     if meta["reached"] or meta["step"] >= cfg.flow_steps:
         return meta["evals"][-1] if meta["evals"] else None
     shift = pipe.scheduler.config.shift
-    max_len = pipe.tokenizer.model_max_length
     for m in modules.values():
         m.train()
     bar = tqdm(range(meta["step"], cfg.flow_steps), desc="3/3 flow", initial=meta["step"], total=cfg.flow_steps)
@@ -250,14 +280,9 @@ def train_flow(pipe, cfg: PretrainConfig, work: Path, latents: torch.Tensor, tex
         x0 = latents[index]
         noise = torch.randn(x0.shape, generator=g)
         sigma = _shifted_sigmas(torch.rand(cfg.flow_batch, generator=g), shift)
-        s = sigma.view(-1, 1, 1, 1)
+        s = sigma.view(-1, *([1] * (x0.ndim - 1)))
         xt = (1 - s) * x0 + s * noise
-        embeds, _, pooled, _ = pipe.encode_prompt(
-            captions, None, None, do_classifier_free_guidance=False, max_sequence_length=max_len
-        )
-        pred = pipe.transformer(
-            hidden_states=xt, timestep=sigma * 1000, encoder_hidden_states=embeds, pooled_projections=pooled
-        ).sample
+        pred = predict(pipe, xt, sigma, captions)
         loss = F.mse_loss(pred, noise - x0)
         for group in optimizer.param_groups:
             group["lr"] = cfg.flow_lr * min(1.0, (step + 1) / cfg.flow_warmup)
@@ -269,7 +294,7 @@ def train_flow(pipe, cfg: PretrainConfig, work: Path, latents: torch.Tensor, tex
         bar.set_postfix(loss=f"{loss.item():.4f}")
         last = step + 1 == cfg.flow_steps
         if (step + 1) % cfg.eval_every == 0 or last:
-            summary = _evaluate_ema(pipe, modules, ema, work, cfg)
+            summary = _evaluate_ema(pipe, modules, ema, work, cfg, evaluate)
             summary["step"] = step + 1
             meta["evals"].append(summary)
             tqdm.write(json.dumps(summary))
@@ -282,13 +307,13 @@ def train_flow(pipe, cfg: PretrainConfig, work: Path, latents: torch.Tensor, tex
     return meta["evals"][-1] if meta["evals"] else None
 
 
-def _evaluate_ema(pipe, modules: dict, ema: dict, work: Path, cfg: PretrainConfig) -> dict:
+def _evaluate_ema(pipe, modules: dict, ema: dict, work: Path, cfg, evaluate: Callable) -> dict:
     """Save the EMA weights as a pipeline snapshot and score it; training weights are restored."""
     saved = _swap_in_ema(modules, ema)
     save_pipeline(pipe, work / "snapshot")
     for n, m in modules.items():
         m.load_state_dict({k[len(n) + 1 :]: v for k, v in saved.items() if k.startswith(n + ".")})
-    return evaluate_snapshot(work / "snapshot", cfg)
+    return evaluate(work / "snapshot", cfg)
 
 
 def pretrain_toy(cfg: PretrainConfig) -> dict:

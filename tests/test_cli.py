@@ -59,3 +59,18 @@ def test_bad_jsonl_line_is_reported_with_its_number(tmp_path):
 def test_console_script_help_lists_the_subcommands():
     result = subprocess.run([sys.executable, "-m", "flowgrpo.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "eval" in result.stdout and "pretrain-toy" in result.stdout
+
+
+def test_eval_of_a_video_model_scores_clips_and_saves_gifs(capsys, tmp_path):
+    from flowgrpo.tiny import TinyWanSizes, build_t5_tokenizer, build_tiny_wan_pipeline
+    from rewards.toy import video_world
+
+    sizes = TinyWanSizes(vae_base_dim=8, latent_channels=8, text_width=32, num_layers=1, num_heads=2, head_dim=12,
+                         ffn_dim=32, freq_dim=32)
+    corpus = [p.text for p in video_world.train_prompts() + video_world.eval_prompts()]
+    build_tiny_wan_pipeline(build_t5_tokenizer(corpus, 16), sizes).save_pretrained(tmp_path / "wan")
+    assert main(["eval", "--model", "tiny_wan", "--pretrained", str(tmp_path / "wan"), "--prompts", "toy-video-eval",
+                 "--reward", "toy_video", "--limit", "3", "--steps", "2", "--save-images", str(tmp_path / "clips")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_images"] == 3 and list(summary["per_task"]) == ["direction"]
+    assert len(list((tmp_path / "clips").glob("*.gif"))) == 3

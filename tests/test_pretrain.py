@@ -1,14 +1,15 @@
-"""`flowgrpo pretrain-toy` on a miniature model: it ships a loadable pipeline and resumes exactly."""
+"""`flowgrpo pretrain-toy` and `pretrain-toy-video` on miniature models: they ship loadable pipelines and resume exactly."""
 
 import json
 
 import pytest
 import torch
-from diffusers import StableDiffusion3Pipeline
+from diffusers import StableDiffusion3Pipeline, WanPipeline
 from safetensors.torch import load_file
 
 from flowgrpo.pretrain import PretrainConfig, pretrain_toy
-from flowgrpo.tiny import TinySD3Sizes
+from flowgrpo.pretrain_video import PretrainVideoConfig, pretrain_toy_video
+from flowgrpo.tiny import TinySD3Sizes, TinyWanSizes
 
 MINI = TinySD3Sizes(vae_channels=(16, 16, 16), text_width=32, text_layers=2, num_layers=1, num_heads=2, head_dim=16)
 
@@ -41,3 +42,36 @@ def test_pretrain_ships_a_pipeline_and_a_resumed_run_equals_a_straight_run(tmp_p
     assert pipe.vae.config.shift_factor != 0.0 and pipe.vae.config.scaling_factor != 1.0
     evals = json.loads((tmp_path / "straight" / "work" / "flow" / "meta.json").read_text())["evals"]
     assert [e["step"] for e in evals] == [2, 4]
+
+
+MINI_WAN = TinyWanSizes(vae_base_dim=8, latent_channels=8, text_width=32, num_layers=1, num_heads=2, head_dim=12,
+                        ffn_dim=32, freq_dim=32)
+
+
+def _video_config(tmp_path, name: str, flow_steps: int) -> PretrainVideoConfig:
+    return PretrainVideoConfig(
+        output_dir=str(tmp_path / name / "model"),
+        work_dir=str(tmp_path / name / "work"),
+        vae_steps=2, vae_batch=2, dataset_size=16, flow_steps=flow_steps, flow_batch=4,
+        flow_warmup=2, checkpoint_every=2, eval_every=2, eval_steps=2, target_score=2.0, sizes=MINI_WAN,
+    )
+
+
+@pytest.mark.slow
+def test_pretrain_video_ships_a_wan_pipeline_and_resumes(tmp_path):
+    straight = pretrain_toy_video(_video_config(tmp_path, "straight", 4))
+    pretrain_toy_video(_video_config(tmp_path, "resumed", 2))
+    resumed = pretrain_toy_video(_video_config(tmp_path, "resumed", 4))
+    assert straight["eval"]["step"] == resumed["eval"]["step"] == 4
+    for name in ("transformer", "text_encoder"):
+        a = load_file(tmp_path / "straight" / "work" / "flow" / f"{name}.safetensors")
+        b = load_file(tmp_path / "resumed" / "work" / "flow" / f"{name}.safetensors")
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], atol=2e-5, rtol=0)
+    assert set(straight["eval"]["per_task"]) == {"direction", "color_direction", "two_directions", "speed"}
+    pipe = WanPipeline.from_pretrained(straight["output_dir"])
+    assert pipe.vae.config.latents_mean != [0.0] * 8 and pipe.vae.config.latents_std != [1.0] * 8
+    frames = pipe("a video of a circle moving left", num_frames=9, height=32, width=32, num_inference_steps=2,
+                  max_sequence_length=16, output_type="pt").frames
+    assert frames.shape == (1, 9, 3, 32, 32)
