@@ -127,7 +127,7 @@ def _read_step(folder: Path, out: Path) -> tuple[dict, dict]:
     reward_names: list[str] = []
     ids: set[str] = set()
     bad_lines, iteration = 0, int(number.group(1)) if number else None
-    media_dir, thumb_dir = out / "media" / _file_key(name), out / "thumbs" / _file_key(name)
+    media = _StepMedia(folder, out)
     for line in (folder / "manifest.jsonl").read_text(errors="replace").splitlines():
         if not line.strip():
             continue
@@ -161,7 +161,7 @@ def _read_step(folder: Path, out: Path) -> tuple[dict, dict]:
         ids.add(sample_id)
         sample = {"id": sample_id, "node": node, "parent": parent, "seed": row.get("seed"),
                   "rewards": {str(k): _float(v) for k, v in rewards.items()}, "adv": _float(row.get("advantage"))}
-        sample.update(_media(folder, file, row.get("poster"), media_dir, thumb_dir))
+        sample.update(media.fields(file, row.get("poster")))
         groups[key]["samples"].append(sample)
 
     group_list = list(groups.values())
@@ -184,53 +184,60 @@ def _read_step(folder: Path, out: Path) -> tuple[dict, dict]:
                      "groups": group_list}
 
 
-def _media(folder: Path, file, poster, media_dir: Path, thumb_dir: Path) -> dict:
-    """Link a sample's file (and poster) into the site; returns its media fields (URLs relative to the site)."""
-    out = {"kind": None, "src": None, "thumb": None, "w": None, "h": None}
-    src = _safe_file(folder, file)
-    if src is None:
+class _StepMedia:
+    """Links one step's files into the site: one directory listing and one media folder per step, so a
+    cold build of tens of thousands of samples costs about one link() and one header read per file."""
+
+    def __init__(self, folder: Path, out: Path):
+        self.folder = folder
+        self.files = {e.name for e in os.scandir(folder) if e.is_file()}
+        key = _file_key(folder.name)
+        self.media_dir, self.thumb_dir = out / "media" / key, out / "thumbs" / key
+        self.media_dir.mkdir(parents=True, exist_ok=True)
+
+    def fields(self, file, poster) -> dict:
+        """A sample's media fields (URLs relative to the site) for its ``file`` and optional ``poster``."""
+        out = {"kind": None, "src": None, "thumb": None, "w": None, "h": None}
+        src = self._file(file)
+        if src is None:
+            return out
+        suffix = src.suffix.lower()
+        out["kind"] = "video" if suffix in VIDEO_SUFFIXES else "image" if suffix in IMAGE_SUFFIXES else "file"
+        out["src"] = self._link(src)
+        still = src if out["kind"] == "image" else self._file(poster)
+        if still is not None and still.suffix.lower() in IMAGE_SUFFIXES:
+            size = _image_size(still)
+            out["w"], out["h"] = size if size else (None, None)
+            if still != src:
+                out["poster"] = self._link(still)
+            if size and max(size) > THUMB_LIMIT:
+                out["thumb"] = _thumbnail(still, self.thumb_dir)
+            else:
+                out["thumb"] = out["src"] if still == src else out["poster"]
         return out
-    suffix = src.suffix.lower()
-    out["kind"] = "video" if suffix in VIDEO_SUFFIXES else "image" if suffix in IMAGE_SUFFIXES else "file"
-    out["src"] = _link(src, media_dir)
-    still = src if out["kind"] == "image" else _safe_file(folder, poster)
-    if still is not None and still.suffix.lower() in IMAGE_SUFFIXES:
-        size = _image_size(still)
-        out["w"], out["h"] = size if size else (None, None)
-        if still != src:
-            out["poster"] = _link(still, media_dir)
-        if size and max(size) > THUMB_LIMIT:
-            out["thumb"] = _thumbnail(still, thumb_dir)
-        else:
-            out["thumb"] = out["src"] if still == src else out["poster"]
-    return out
 
+    def _file(self, file) -> Path | None:
+        """A plain file name inside the step folder (never a path out of it), that exists."""
+        if not isinstance(file, str) or file not in self.files or not _SAFE_FILE.match(file) or file in (".", ".."):
+            return None
+        return self.folder / file
 
-def _safe_file(folder: Path, file) -> Path | None:
-    """A plain file name inside the step folder (never a path out of it), that exists."""
-    if not isinstance(file, str) or not _SAFE_FILE.match(file) or file in (".", ".."):
-        return None
-    path = folder / file
-    return path if path.is_file() else None
-
-
-def _link(src: Path, media_dir: Path) -> str:
-    dst = media_dir / src.name
-    if not _same_file(src, dst):
-        media_dir.mkdir(parents=True, exist_ok=True)
-        dst.unlink(missing_ok=True)
+    def _link(self, src: Path) -> str:
+        dst = self.media_dir / src.name
         try:
             os.link(src, dst)
-        except OSError:  # another file system, or links not allowed
-            shutil.copy2(src, dst)
-    return f"media/{quote(media_dir.name)}/{quote(src.name)}"
+        except FileExistsError:
+            if not _same_file(src, dst):
+                dst.unlink()
+                self._link(src)
+        except OSError:  # another file system, or links not allowed: a copy (kept while it matches)
+            if not (dst.exists() and _same_file(src, dst)):
+                shutil.copy2(src, dst)
+        return f"media/{quote(self.media_dir.name)}/{quote(src.name)}"
 
 
 def _same_file(src: Path, dst: Path) -> bool:
-    try:
-        a, b = src.stat(), dst.stat()
-    except FileNotFoundError:
-        return False
+    a, b = src.stat(), dst.stat()
     return (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev) or (a.st_size == b.st_size and b.st_mtime_ns >= a.st_mtime_ns)
 
 

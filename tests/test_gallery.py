@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -71,6 +72,21 @@ def test_build_is_incremental_and_picks_up_new_steps(tmp_path):
     index = _index(build_site(run).parent)
     assert [s["name"] for s in index["steps"]] == ["step_10", "step_20", "step_30"]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+
+def test_build_copies_media_across_file_systems(tmp_path):
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=1, per_prompt=2)
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another file system than the run")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as out:
+        build_site(run, out)
+        copies = sorted(Path(out, "media", "step_10").iterdir())
+        source = run / "samples" / "step_10" / copies[0].name
+        assert len(copies) == 2 and copies[0].read_bytes() == source.read_bytes()
+        assert copies[0].stat().st_ino != source.stat().st_ino
+        stamp = copies[0].stat().st_mtime_ns
+        build_site(run, out, force=True)  # every step re-read: matching copies are kept
+        assert copies[0].stat().st_mtime_ns == stamp
 
 
 def test_build_reads_the_run_writer_format(tmp_path):
