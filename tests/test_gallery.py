@@ -339,6 +339,26 @@ def test_flagging_saves_to_the_run_directory_when_served(browser, tmp_path):
         server.server_close()
 
 
+def test_served_page_shows_steps_written_while_it_is_open(browser, tmp_path):
+    run = write_run(tmp_path / "run", steps=2, prompts_per_step=2, per_prompt=2)
+    server = GalleryServer(run, port=0, rebuild_every=0.0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    fast = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": "window.GALLERY_POLL_MS = 200"})
+    try:
+        _open(browser, server.url)
+        step_options = "Array.from(document.querySelectorAll('select[name=step] option')).map(o => o.value)"
+        assert "step_30" not in browser.execute_script("return " + step_options)
+        write_run(tmp_path / "more", steps=3, prompts_per_step=2, per_prompt=2)
+        os.rename(tmp_path / "more" / "samples" / "step_30", run / "samples" / "step_30")
+        wait_for(browser, f"{step_options}.includes('step_30')")
+        assert "step_30" in browser.find_element("id", "notice").text
+        assert severe_console_entries(browser) == []
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", fast)
+        server.shutdown()
+        server.server_close()
+
+
 def test_static_flags_stay_in_the_browser_and_export(browser, tmp_path):
     run = write_run(tmp_path / "run", steps=1, prompts_per_step=2, per_prompt=2)
     url = build_site(run).as_uri()
@@ -356,6 +376,13 @@ def test_static_flags_stay_in_the_browser_and_export(browser, tmp_path):
         time.sleep(0.05)
     exported = json.loads(target.read_text())
     assert exported["run"] == "run" and exported["flags"][key]["labels"] == ["good"]
+    browser.execute_script("localStorage.clear()")  # another browser: nothing flagged until the import
+    _open(browser, url + "#view=review")
+    assert _tiles(browser) == []
+    n = browser.execute_script("return window.__gallery.renders")
+    browser.find_element("css selector", "input.import").send_keys(str(target))
+    wait_render(browser, n)
+    assert [t.get_attribute("data-key") for t in _tiles(browser)] == [key]
     assert not (run / "review").exists()  # a static site never writes the run directory
     assert severe_console_entries(browser) == []
 

@@ -8,8 +8,8 @@
 "use strict";
 
 const LABELS = ["good", "bad", "reward hacked"];
-const GROUPS_PER_PAGE = 20, SAMPLES_PER_PAGE = 120, POLL_MS = 5000;
-const G = {index: null, steps: {}, metrics: null, prompts: null, flags: {}, served: false, pending: {}, lsKey: ""};
+const GROUPS_PER_PAGE = 20, SAMPLES_PER_PAGE = 120, POLL_MS = window.GALLERY_POLL_MS || 5000;  // served: new steps
+const G = {index: null, steps: {}, metrics: null, prompts: null, flags: Object.create(null), served: false, pending: {}, lsKey: ""};
 const DEFAULTS = {view: "samples", step: "", q: "", task: "", reward: "", min: "", max: "", sort: "order", flag: "",
                   layout: "groups", page: 1, prompt: "", pq: "", all: "", metric: ""};
 const S = Object.assign({}, DEFAULTS);
@@ -140,6 +140,13 @@ function toast(text, bad) {
 
 function flagOf(key) { return G.flags[key] || null; }
 
+/* Flags keyed by sample key, in an object without a prototype: a key read from a file is only a key. */
+function flagMap(obj) {
+  const map = Object.create(null);
+  if (obj && typeof obj === "object") for (const [k, f] of Object.entries(obj)) if (f && Array.isArray(f.labels)) map[k] = f;
+  return map;
+}
+
 async function setFlag(sample, labels, note) {
   const body = {key: sample.key, labels, note, step: sample.group.step, prompt: sample.group.prompt.slice(0, 2000)};
   const before = G.flags[sample.key];
@@ -187,7 +194,7 @@ function importFlags(file) {
       if (!flags || typeof flags !== "object") throw new Error("no \"flags\" object");
       const local = JSON.parse(localStorage.getItem(G.lsKey) || "{}");
       for (const [k, f] of Object.entries(flags)) {
-        if (!f || !Array.isArray(f.labels) || typeof (f.note || "") !== "string") continue;
+        if (k === "__proto__" || !f || !Array.isArray(f.labels) || typeof (f.note || "") !== "string") continue;
         const clean = {labels: f.labels.filter(x => typeof x === "string").slice(0, 8), note: String(f.note || ""),
                        step: String(f.step || ""), prompt: String(f.prompt || ""), updated: String(f.updated || "")};
         G.flags[k] = local[k] = clean;
@@ -351,13 +358,13 @@ async function main() {
   if (location.protocol === "http:" || location.protocol === "https:") {
     try {
       const r = await fetch("api/flags", {cache: "no-store"});
-      if (r.ok) { G.flags = (await r.json()).flags || {}; G.served = true; }
+      if (r.ok) { G.flags = flagMap((await r.json()).flags); G.served = true; }
     } catch (e) { /* a plain static server: flags stay in this browser */ }
   }
   if (!G.served) {
-    try { G.flags = await loadScript("flags", "", "data/flags.js?v=" + Date.now()); } catch (e) { G.flags = {}; }
+    try { G.flags = flagMap(await loadScript("flags", "", "data/flags.js?v=" + Date.now())); } catch (e) { G.flags = flagMap(); }
     const local = JSON.parse(localStorage.getItem(G.lsKey) || "{}");
-    for (const [k, f] of Object.entries(local)) { if (f.deleted) delete G.flags[k]; else G.flags[k] = f; }
+    for (const [k, f] of Object.entries(local)) { if (f && f.deleted) delete G.flags[k]; else if (f && Array.isArray(f.labels)) G.flags[k] = f; }
   }
   document.getElementById("run-name").textContent = `${G.index.run} · ${G.index.steps.length} steps · ${G.index.num_samples} samples`;
   document.getElementById("mode").textContent = G.served ? "served: flags save to the run directory" : "static: flags stay in this browser (export them)";
