@@ -102,6 +102,7 @@ class LogConfig:
     samples_per_prompt: int = 4  # leaves written per prompt when samples are written
     tensorboard: bool = True  # also write TensorBoard events (needs the tensorboard package)
     progress: bool = True  # progress bars
+    gallery: bool = True  # build the review site (gallery/) into <run>/gallery at the end of the run
     wandb: bool = False  # also log metrics to Weights & Biases (pip install wandb; project "flowgrpo", run = run_name)
 
 

@@ -469,6 +469,11 @@ class Trainer:
                 break
         self.runner.close()
         self.writer.close()
+        if cfg.log.gallery and self.acc.is_main_process and (self.writer.dir / "samples").is_dir():
+            from gallery.build import build_site
+
+            site = build_site(self.writer.dir)
+            self.writer.info(f"gallery: {site / 'index.html'} (serve it with: python -m gallery {self.writer.dir} --serve)")
         return last
 
 

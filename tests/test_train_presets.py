@@ -50,6 +50,7 @@ def test_preset_trains_end_to_end(preset, tiny_sd3_dir, tmp_path):
     ckpt = load_file(run / "checkpoints" / "step_2" / "tensors.safetensors")
     assert any(k.startswith("optim.") for k in ckpt) and any(k.startswith("weights.") for k in ckpt)
     assert (run / "config.yaml").is_file()
+    assert (run / "gallery" / "index.html").is_file()  # the review site is built at the end of the run
 
 
 def test_bf16_mixed_precision_runs_the_transformer_in_bf16(tiny_sd3_dir, tmp_path):
