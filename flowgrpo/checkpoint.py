@@ -60,12 +60,14 @@ def write_folder_atomically(folder: Path, build) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def save_checkpoint(folder: Path, tensors: dict[str, torch.Tensor], state: dict) -> None:
-    """Write ``folder`` atomically (temp folder, then rename)."""
+def save_checkpoint(folder: Path, tensors: dict[str, torch.Tensor], state: dict, extra=None) -> None:
+    """Write ``folder`` atomically (temp folder, then rename); ``extra(tmp)`` adds more files to it."""
 
     def build(tmp: Path) -> None:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp / "tensors.safetensors")
         (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
+        if extra is not None:
+            extra(tmp)
 
     write_folder_atomically(folder, build)
 

@@ -41,6 +41,12 @@ def _model_config(args) -> dict:
         names = sorted(p.stem for p in (configs_dir() / "models").glob("*.yaml"))
         raise SystemExit(f"flowgrpo eval: --model {spec!r} is not a YAML file nor one of {names}")
     cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    run_config = Path(args.checkpoint or "") / "state.json"
+    if args.checkpoint and run_config.is_file() and args.model == "tiny_sd3":
+        # a training checkpoint: the run's own model section (its LoRA rank, base model, ...)
+        saved = json.loads(run_config.read_text()).get("config")
+        if saved:
+            cfg = OmegaConf.to_container(OmegaConf.create(saved), resolve=True)["model"]
     if args.pretrained:
         cfg["pretrained"] = args.pretrained
     if args.device:
@@ -59,7 +65,8 @@ def cmd_eval(args) -> int:
     prompts, metadata = _read_prompts(args.prompts, args.limit)
     model = load_model(_model_config(args))
     if args.checkpoint:
-        model.load_trainable(args.checkpoint)
+        folder = Path(args.checkpoint)
+        model.load_trainable(folder / "model" if (folder / "model").is_dir() else folder)
     summary, images = evaluate(
         model, prompts, args.reward, metadata, seed=args.seed, steps=args.steps,
         guidance_scale=args.guidance, batch_size=args.batch_size,
@@ -130,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="score a model or checkpoint on a prompt set with a reward")
     ev.add_argument("--model", default="tiny_sd3", help="model config: a YAML file or a name in configs/models (default tiny_sd3)")
     ev.add_argument("--pretrained", help="override the config's model: hub id, local folder or built-in name")
-    ev.add_argument("--checkpoint", help="a trained checkpoint folder (LoRA or full weights) to load on top")
+    ev.add_argument("--checkpoint", help="a training checkpoint (runs/<name>/checkpoints/step_<n>: its model config and its "
+                    "evaluation weights, EMA if the run kept one) or a LoRA / full-weights folder to load on top")
     ev.add_argument("--prompts", default="toy-eval",
                     help="'toy-eval' (default), 'toy-train', 'toy-video-eval', 'toy-video-train', a .txt or a .jsonl file")
     ev.add_argument("--reward", default="toy", help="registered reward name or dotted path module:Class")

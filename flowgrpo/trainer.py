@@ -383,7 +383,12 @@ class Trainer:
         _, optim_meta = optimizer_to_flat(self.optimizer)
         state = {"iteration": self.iteration, "optimizer_steps": self.optimizer_steps, "optimizer": optim_meta,
                  "schedule": self.schedule.state_dict(), "nfe": self.nfe.state_dict(), "config": to_yaml(self.cfg)}
-        save_checkpoint(self.cfg.run_dir / "checkpoints" / f"step_{self.iteration}", self.state_tensors(), state)
+        def evaluation_weights(tmp):  # model/: LoRA (diffusers format) or full weights, EMA if kept
+            with self._swapped(self.ema) if self.ema is not None else nullcontext():
+                self.model.save_trainable(tmp / "model")
+
+        save_checkpoint(self.cfg.run_dir / "checkpoints" / f"step_{self.iteration}", self.state_tensors(), state,
+                        extra=evaluation_weights)
         prune_checkpoints(self.cfg.run_dir, self.cfg.log.keep_checkpoints)
         self.acc.wait_for_everyone()
 
@@ -472,8 +477,11 @@ class Trainer:
         if cfg.log.gallery and self.acc.is_main_process and (self.writer.dir / "samples").is_dir():
             from gallery.build import build_site
 
-            site = build_site(self.writer.dir)
-            self.writer.info(f"gallery: {site / 'index.html'} (serve it with: python -m gallery {self.writer.dir} --serve)")
+            try:
+                site = build_site(self.writer.dir)
+                self.writer.info(f"gallery: {site} (serve it with: python -m gallery {self.writer.dir} --serve)")
+            except Exception as err:  # a finished run never fails because of its review site
+                self.writer.warn(f"the gallery could not be built ({err!r}); run: python -m gallery {self.writer.dir}")
         return last
 
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from flowgrpo.cli import main
 from flowgrpo.paths import builtin_models
@@ -74,3 +75,32 @@ def test_eval_of_a_video_model_scores_clips_and_saves_gifs(capsys, tmp_path):
     summary = json.loads(capsys.readouterr().out)
     assert summary["num_images"] == 3 and list(summary["per_task"]) == ["direction"]
     assert len(list((tmp_path / "clips").glob("*.gif"))) == 3
+
+
+def test_eval_of_a_training_checkpoint_scores_what_training_evaluated(capsys, tiny_sd3_dir, tmp_path):
+    """`flowgrpo eval --checkpoint runs/<name>/checkpoints/step_<n>` takes the run's model config and
+    its evaluation weights (EMA here), and scores exactly what the trainer's own evaluation scored."""
+    from flowgrpo.config import load_config
+    from flowgrpo.trainer import Trainer
+    from train_fixtures import PLUGIN_REWARD, overrides
+
+    cfg = load_config("flow_grpo", None, overrides(tiny_sd3_dir, tmp_path, **{
+        "sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "train.iterations": 1, "train.ema_decay": 0.5,
+        "model.lora_rank": 2, "model.lora_alpha": 2.0, "log.samples_every": 0}), base=PLUGIN_REWARD)
+    trainer = Trainer(cfg)
+    trained = trainer.train()
+    checkpoint = tmp_path / cfg.run_name / "checkpoints" / "step_1"
+    assert (checkpoint / "model").is_dir()
+    from flowgrpo.models import load_model
+
+    saved = load_model(cfg.model)
+    saved.load_trainable(checkpoint / "model")
+    for ema, param, loaded in zip(trainer.ema, trainer.params, saved.trainable_parameters()):
+        assert torch.equal(loaded, ema)  # the evaluation (EMA) weights, not the raw ones
+    assert any(not torch.equal(e, p) for e, p in zip(trainer.ema, trainer.params))
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(checkpoint), "--limit", "4", "--steps", "2",
+                 "--seed", str(cfg.train.seed + 12345)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["model"] == tiny_sd3_dir
+    assert summary["mean_score"] == pytest.approx(trained["eval/mean_score"], abs=1e-6)
