@@ -83,7 +83,8 @@ def test_decode_matches_the_pipeline(wan_folder):
     """The adapter's decode is WanPipeline's: latents_mean/std un-normalisation, VAE, postprocess."""
     model = load(wan_folder)
     with torch.no_grad():  # non-trivial latent statistics, so the un-normalisation is checked
-        model.vae.register_to_config(latents_mean=[0.1 * i for i in range(8)], latents_std=[1 + 0.2 * i for i in range(8)])
+        model.vae.register_to_config(latents_mean=[0.1 * i for i in range(8)],
+                                     latents_std=[1 + 0.2 * i for i in range(8)])
     pipe = model.pipeline
     x = latents(model, 2, seed=4)
     out = pipe(
