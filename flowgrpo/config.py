@@ -3,6 +3,9 @@
 A run's config is built in layers, later ones winning:
   configs/default.yaml  →  configs/presets/<method>.yaml  →  configs/models/<model>.yaml (under
   ``model``)  →  ``key=value`` overrides from the command line.
+The first layer is the entry point's embedded default: ``configs/default.yaml`` (train_t2i.py, the
+tiny SD3 on toy images) or ``configs/default_t2v.yaml`` (train_t2v.py, the tiny Wan on toy videos),
+chosen with ``load_config(..., default=...)``.
 ``load_config`` merges and validates: unknown keys fail (with a "did you mean"), and impossible
 numbers fail with an error that prints them. ``describe_batches`` is logged at start-up.
 """
@@ -98,8 +101,9 @@ class EvalConfig:
 class LogConfig:
     save_every: int = 20  # checkpoint every N iterations (0 = only at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept
-    samples_every: int = 10  # write sample PNGs and their manifest every N iterations (0 = never)
+    samples_every: int = 10  # write sample PNGs (videos: MP4s + poster PNGs) and their manifest every N iterations (0 = never)
     samples_per_prompt: int = 4  # leaves written per prompt when samples are written
+    video_fps: int = 8  # frame rate of the sample MP4s of video models
     tensorboard: bool = True  # also write TensorBoard events (needs the tensorboard package)
     progress: bool = True  # progress bars
     gallery: bool = True  # build the review site (gallery/) into <run>/gallery at the end of the run
@@ -152,7 +156,8 @@ def _resolve_yaml(spec: str, folder: str) -> Path:
     if candidate.is_file():
         return candidate
     names = sorted(p.stem for p in (configs_dir() / folder).glob("*.yaml"))
-    raise ConfigError(f"{spec!r} is neither a YAML file nor one of configs/{folder}/: {names}")
+    where = "configs/" if folder == "." else f"configs/{folder}/"
+    raise ConfigError(f"{spec!r} is neither a YAML file nor one of {where}: {names}")
 
 
 def _unknown_key_message(exc: Exception, schema: Any) -> str:
@@ -166,10 +171,13 @@ def _unknown_key_message(exc: Exception, schema: Any) -> str:
 
 
 def load_config(preset: str | None = None, model: str | None = None, overrides: list[str] | None = None,
-                base: str | dict | None = None) -> Config:
-    """Merge default ← preset ← model ← overrides onto the schema, then validate."""
+                base: str | dict | None = None, default: str = "default") -> Config:
+    """Merge default ← base ← preset ← model ← overrides onto the schema, then validate.
+
+    ``default`` is the embedded default: a name in configs/ ("default" for text-to-image,
+    "default_t2v" for text-to-video) or a YAML file."""
     schema = Config()
-    layers = [OmegaConf.load(configs_dir() / "default.yaml")]
+    layers = [OmegaConf.load(_resolve_yaml(default, "."))]
     if isinstance(base, dict):
         layers.append(OmegaConf.create(base))
     elif base:
@@ -234,6 +242,8 @@ def validate(cfg: Config) -> None:
             f"train.updates_per_epoch={t.updates_per_epoch} > train.prompts_per_iteration={t.prompts_per_iteration}: "
             "each update needs at least one whole group; lower updates_per_epoch"
         )
+    if cfg.log.video_fps < 1:
+        raise ConfigError(f"log.video_fps={cfg.log.video_fps} must be ≥ 1")
     if cfg.loss.clip_range <= 0:
         raise ConfigError(f"loss.clip_range={cfg.loss.clip_range} must be > 0")
     if cfg.loss.step_weight == "inv_delta" and cfg.loss.ratio != "guard":

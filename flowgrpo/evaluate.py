@@ -36,7 +36,8 @@ def generate(
     batch_size: int = 64,
     progress: bool = True,
 ) -> torch.Tensor:
-    """Images [N, 3, H, W] in [0, 1] for N prompts, by ODE sampling from seeded noise."""
+    """Images [N, 3, H, W] (video models: videos [N, F, 3, H, W]) in [0, 1] for N prompts, by ODE
+    sampling from seeded noise."""
     steps = steps or model.config.sample_steps
     sigmas = samplers.time_grid(steps, model.shift)
     images = []
@@ -88,7 +89,7 @@ def evaluate(
     """Sample every prompt once and score it.
 
     Returns a JSON-ready summary (mean score, strict accuracy, per-task means, number of images,
-    seconds) and the images [N, 3, H, W] in [0, 1].
+    seconds) and the images [N, 3, H, W] (videos [N, F, 3, H, W]) in [0, 1].
     """
     started = time.time()
     reward = load_reward(reward) if isinstance(reward, str) else reward

@@ -4,8 +4,9 @@ runs/<name>/config.yaml                 the resolved config
 runs/<name>/metrics.jsonl               one JSON line per logged iteration (+ TensorBoard events in tb/)
 runs/<name>/train.log                   start-up arithmetic, warnings (e.g. failed reward calls)
 runs/<name>/checkpoints/step_<n>/       written by flowgrpo.checkpoint
-runs/<name>/samples/step_<n>/           PNGs and manifest.jsonl: one line per sample with prompt, seed,
-                                        group, node/parent, every reward, advantage, file path
+runs/<name>/samples/step_<n>/           PNGs (images) or H.264 MP4s with a poster PNG (videos) and
+                                        manifest.jsonl: one line per sample with prompt, seed, group,
+                                        node/parent, every reward, advantage, file path (and poster)
 Only the main process writes.
 """
 
@@ -18,6 +19,31 @@ import time
 from pathlib import Path
 
 import torch
+
+
+def require_video_writer() -> None:
+    """Fail early, naming the fix, when the MP4 writer (the ``video`` extra) is missing."""
+    try:
+        import imageio  # noqa: F401
+        import imageio_ffmpeg  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "writing video samples as MP4 needs imageio and imageio-ffmpeg: pip install 'flowgrpo[video]' "
+            "(or set log.samples_every=0)"
+        ) from None
+
+
+def write_mp4(path: Path, video: torch.Tensor, fps: int) -> None:
+    """A video float [F, 3, H, W] in [0, 1] as H.264 (yuv420p, plays in browsers), at its own size."""
+    import imageio.v2 as imageio
+
+    frames = (video.permute(0, 2, 3, 1).clamp(0, 1) * 255).round().byte().numpy()  # [F, H, W, 3]
+    # macro_block_size=2: frames keep their size unless it is odd (yuv420p needs even sizes; imageio then scales by 1 px)
+    with imageio.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264", quality=None,
+                            macro_block_size=2, ffmpeg_log_level="error",
+                            ffmpeg_params=["-pix_fmt", "yuv420p", "-crf", "12"]) as writer:
+        for frame in frames:
+            writer.append_data(frame)
 
 
 def _clean(value):
@@ -81,8 +107,11 @@ class RunWriter:
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "iteration"}, step=step)
 
-    def write_samples(self, step, batches, leaf_rewards, leaf_advantages, reward_names, per_prompt: int, seed: int) -> None:
-        """PNGs of up to ``per_prompt`` leaves per prompt and one manifest line per written sample."""
+    def write_samples(self, step, batches, leaf_rewards, leaf_advantages, reward_names, per_prompt: int, seed: int,
+                      fps: int = 8) -> None:
+        """Up to ``per_prompt`` leaves per prompt and one manifest line per written sample: a PNG per
+        image ([3, H, W]); per video ([F, 3, H, W]) an MP4 at ``fps`` (``file``) and the middle frame
+        as a PNG (``poster``)."""
         if not self.enabled:
             return
         from PIL import Image
@@ -101,14 +130,20 @@ class RunWriter:
                 written[p] = written.get(p, 0) + 1
                 node = int(rec.leaf_node[i])
                 name = f"s{b.slots[p]:04d}_n{node:04d}.png"
-                array = (b.images[i].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
-                Image.fromarray(array).save(folder / name)
+                media = b.images[i]
+                extra = {}
+                if media.ndim == 4:  # a video [F, 3, H, W]: the MP4 is the sample, its middle frame the poster
+                    extra["poster"], name = name, name.removesuffix(".png") + ".mp4"
+                    write_mp4(folder / name, media, fps)
+                    media = media[media.shape[0] // 2]
+                array = (media.permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
+                Image.fromarray(array).save(folder / extra.get("poster", name))
                 row = leaf_rewards[offset + i]
                 lines.append(json.dumps({
                     "prompt": b.texts[p], "metadata": b.metadata[p], "seed": seed, "iteration": step,
                     "prompt_slot": b.slots[p], "group": int(rec.leaf_group[i]), "node": node, "parent": parents[node],
                     "rewards": {n: _clean(float(row[k])) for k, n in enumerate(reward_names)},
-                    "advantage": _clean(float(leaf_advantages[offset + i])), "file": name,
+                    "advantage": _clean(float(leaf_advantages[offset + i])), "file": name, **extra,
                 }))
             offset += rec.num_leaves
         (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")

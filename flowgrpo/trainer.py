@@ -1,8 +1,10 @@
-"""The GRPO training loop for flow-matching models: ``accelerate launch train_t2i.py``.
+"""The GRPO training loop for flow-matching models: ``accelerate launch train_t2i.py`` (``train_t2v.py``).
 
 Each iteration reads top to bottom in five phases:
   SAMPLE     the iteration's plan (samplers.method_schedule) is run by the tree executor for this
-             process's prompts (whole groups per process); leaves are decoded to images.
+             process's prompts (whole groups per process); leaves are decoded to images [L, 3, H, W]
+             or, for video models, videos [L, F, 3, H, W] (latents are [N, C, h, w] or [N, C, f, h, w];
+             nothing below the decoder looks at their shape).
   SCORE      rewards run in a worker thread while the next rollout batch samples.
   ADVANTAGE  rewards of the whole iteration (gathered over processes) become advantages: group
              z-scores, GDPO for several rewards, BranchGRPO depth-wise tree values; each trained
@@ -10,7 +12,7 @@ Each iteration reads top to bottom in five phases:
   UPDATE     inner epochs over the stored transitions: recompute μ_θ with the same kernel the
              rollout used (flowgrpo.ops: PyTorch reference or the fused op, loss.likelihood_backend), PPO-clip the ratio (plain or GRPO-Guard), weight, add KL terms,
              normalise per group (or tree), accumulate, all-reduce gradients, step.
-  LOG/SAVE   metrics.jsonl (+ TensorBoard), sample PNGs with their manifest, held-out evaluation,
+  LOG/SAVE   metrics.jsonl (+ TensorBoard), sample PNGs (videos: MP4s + poster PNGs) with their manifest, held-out evaluation,
              atomic checkpoints (also on SIGINT/SIGTERM).
 Every random draw is a pure function of (seed, iteration, prompt slot, node), so 1 and N processes
 with the same global batch, and a resumed and an uninterrupted run, compute the same thing.
@@ -32,12 +34,13 @@ from flowgrpo import advantages as adv_lib
 from flowgrpo.checkpoint import (
     checkpoint_dirs, load_checkpoint, optimizer_from_flat, optimizer_to_flat, prune_checkpoints, save_checkpoint,
 )
-from flowgrpo.config import Config, describe_batches, plan_arguments, processes_check, to_yaml
+from flowgrpo.config import Config, ConfigError, describe_batches, plan_arguments, processes_check, to_yaml
 from flowgrpo.data import read_prompts
 from flowgrpo import ops
 from flowgrpo.loss import clipped_policy_loss, gaussian_kl, step_weights
-from flowgrpo.run_dir import RunWriter
-from rewards import load_reward
+from flowgrpo.run_dir import RunWriter, require_video_writer
+from rewards import REGISTRY, load_reward
+from rewards.common import import_object
 from rewards.runner import RewardRunner
 
 
@@ -50,7 +53,7 @@ class Batch:
     slots: list[int]  # global prompt slot of each prompt row in the iteration
     texts: list[str]
     metadata: list[dict]
-    images: torch.Tensor  # [L, 3, H, W] leaves decoded, in [0, 1]
+    images: torch.Tensor  # [L, 3, H, W] leaves decoded, in [0, 1] ([L, F, 3, H, W] for video models)
     rewards: object = None  # Future -> [L, K] float32
 
 
@@ -69,6 +72,10 @@ class Trainer:
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         processes_check(cfg, self.world)
         self.rewards = [load_reward(spec.name, **spec.kwargs) for spec in cfg.rewards]  # fail fast, before the model
+        self.modality = _model_modality(cfg.model.family)
+        _check_reward_modalities(self.rewards, [spec.name for spec in cfg.rewards], cfg.eval.reward, self.modality)
+        if self.modality == "video" and cfg.log.samples_every:
+            require_video_writer()
         if cfg.model.device == "auto":
             device = self.acc.device
             cfg.model.device = "cpu" if device.type == "cpu" else str(device)
@@ -137,7 +144,8 @@ class Trainer:
                 max_batch=self.cfg.sampling.max_batch, store_mean=self.need_mean, reduce=self.cfg.sampling.reduce,
                 nfe=self.nfe,
             )
-            images = torch.cat([self.model.decode(record.leaf_state[i : i + 64]) for i in range(0, record.num_leaves, 64)])
+            chunk = 64 if self.modality == "image" else 8  # a decoded video weighs F images
+            images = torch.cat([self.model.decode(record.leaf_state[i : i + chunk]) for i in range(0, record.num_leaves, chunk)])
             leaf_texts = [texts[p] for p in record.leaf_prompt.tolist()]
             leaf_meta = [metadata[p] for p in record.leaf_prompt.tolist()]
             batch = Batch(record, cond, slots, texts, metadata, images.cpu())
@@ -436,7 +444,7 @@ class Trainer:
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         if cfg.log.samples_every and self.iteration % cfg.log.samples_every == 0:
             self.writer.write_samples(self.iteration, batches, leaf_rewards, leaf_adv, [r.name for r in self.rewards],
-                                      cfg.log.samples_per_prompt, cfg.train.seed)
+                                      cfg.log.samples_per_prompt, cfg.train.seed, cfg.log.video_fps)
         final = self.iteration == cfg.train.iterations
         if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or final:
             if self.acc.is_main_process:
@@ -483,6 +491,30 @@ class Trainer:
             except Exception as err:  # a finished run never fails because of its review site
                 self.writer.warn(f"the gallery could not be built ({err!r}); run: python -m gallery {self.writer.dir}")
         return last
+
+
+def _model_modality(family: str) -> str:
+    from flowgrpo.models.config import _family_class
+
+    return _family_class(family).modality
+
+
+def _check_reward_modalities(rewards, names: list[str], eval_reward: str, modality: str) -> None:
+    """A reward must take what the model makes (images or videos): fail at start-up, naming the fix."""
+    other = "image" if modality == "video" else "video"
+    for reward, name in zip(rewards, names):
+        if getattr(reward, "modality", "both") == other:
+            fix = (f"rewards=[{{name: per_frame, kwargs: {{reward: {name}}}}}] scores it frame by frame, or use a "
+                   "video reward such as toy_video" if modality == "video" else "use an image reward such as toy")
+            raise ConfigError(f"reward {name!r} scores {other}s but the model makes {modality}s; {fix}")
+    try:
+        eval_modality = getattr(import_object(REGISTRY.get(eval_reward, eval_reward)), "modality", "both")
+    except (ValueError, ImportError):
+        return  # a bad name fails with load_reward's own message when evaluation runs
+    if eval_modality == other:
+        example = "toy_video" if modality == "video" else "toy"
+        raise ConfigError(f"eval.reward={eval_reward!r} scores {other}s but the model makes {modality}s; "
+                          f"set eval.reward to a {modality} reward such as {example} (and eval.prompts to match)")
 
 
 def train(cfg: Config) -> dict:
