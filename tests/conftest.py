@@ -14,9 +14,27 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate keeps one process-wide state: a test that builds an Accelerator(mixed_precision="no")
+    would make a later bf16 test in the same process fail, so every test starts without one."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_sd3_dir(tmp_path_factory):
     """A tiny random SD3 pipeline folder (real classes) shared by the training tests."""
     from train_fixtures import save_tiny_sd3
 
     return save_tiny_sd3(tmp_path_factory.mktemp("tiny_sd3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_wan_dir(tmp_path_factory):
+    """A tiny random Wan2.1 pipeline folder (real classes, 9 x 32 x 32 clips) for the video training tests."""
+    from train_fixtures import save_tiny_wan
+
+    return save_tiny_wan(tmp_path_factory.mktemp("tiny_wan"))

@@ -1,14 +1,25 @@
-"""A tiny random SD3 of the real classes, saved once per test session, for training tests."""
+"""A tiny random SD3 and a tiny random Wan of the real classes, saved once per test session, for training tests."""
 
-from flowgrpo.tiny import TinySD3Sizes, build_clip_tokenizer, build_tiny_sd3_pipeline
-from rewards.toy import world
+from flowgrpo.tiny import (
+    TinySD3Sizes, TinyWanSizes, build_clip_tokenizer, build_t5_tokenizer, build_tiny_sd3_pipeline, build_tiny_wan_pipeline,
+)
+from rewards.toy import video_world, world
 
 TRAIN_SIZES = TinySD3Sizes(vae_channels=(16, 16, 16), text_width=32, text_layers=2, num_layers=1, num_heads=2, head_dim=16)
+# 5 frames of 32x32 (tests override tiny_wan.yaml's 9: half the VAE work) -> latents 8 x 2 x 8 x 8; one small block
+WAN_TRAIN_SIZES = TinyWanSizes(num_frames=5, vae_base_dim=8, latent_channels=8, text_width=32, num_layers=1, num_heads=2, head_dim=12,
+                               ffn_dim=32, freq_dim=32)
 
 
 def save_tiny_sd3(folder) -> str:
     corpus = [p.text for p in world.train_prompts() + world.eval_prompts()]
     build_tiny_sd3_pipeline(build_clip_tokenizer(corpus, 16), TRAIN_SIZES, seed=0).save_pretrained(folder)
+    return str(folder)
+
+
+def save_tiny_wan(folder) -> str:
+    corpus = [p.text for p in video_world.train_prompts() + video_world.eval_prompts()]
+    build_tiny_wan_pipeline(build_t5_tokenizer(corpus, 16), WAN_TRAIN_SIZES, seed=0).save_pretrained(folder)
     return str(folder)
 
 
@@ -38,6 +49,19 @@ class Brightness(Reward):
 
 
 PLUGIN_REWARD = {"rewards": [{"name": "train_fixtures:Brightness"}]}
+
+
+class VideoBrightness(Reward):
+    """Mean pixel value of a video [B, F, 3, H, W]: varies on any clip, unlike toy_video on a random model."""
+
+    name = "video_brightness"
+    modality = "video"
+
+    def score_uint8(self, videos, prompts, metadata):
+        return RewardOutput(videos.float().mean(dim=(1, 2, 3, 4)) / 255.0)
+
+
+VIDEO_PLUGIN_REWARD = {"rewards": [{"name": "train_fixtures:VideoBrightness"}]}
 
 
 class BrokenShape(Reward):
