@@ -67,7 +67,7 @@ def cmd_eval(args) -> int:
     if args.checkpoint:
         folder = Path(args.checkpoint)
         model.load_trainable(folder / "model" if (folder / "model").is_dir() else folder)
-    summary, images = evaluate(
+    summary, images, _ = evaluate(
         model, prompts, args.reward, metadata, seed=args.seed, steps=args.steps,
         guidance_scale=args.guidance, batch_size=args.batch_size,
     )

@@ -102,6 +102,7 @@ class LogConfig:
     save_every: int = 20  # checkpoint every N iterations (0 = only at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept
     samples_every: int = 10  # write sample PNGs (videos: MP4s + poster PNGs) and their manifest every N iterations (0 = never)
+    eval_samples: int = 64  # held-out evaluation samples written per evaluation to samples/eval_<n>/ (the first N eval prompts; 0 = none)
     samples_per_prompt: int = 4  # leaves written per prompt when samples are written
     video_fps: int = 8  # frame rate of the sample MP4s of video models
     tensorboard: bool = True  # also write TensorBoard events (needs the tensorboard package)

@@ -85,11 +85,12 @@ def evaluate(
     guidance_scale: float | None = None,
     batch_size: int = 64,
     progress: bool = True,
-) -> tuple[dict, torch.Tensor]:
+) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Sample every prompt once and score it.
 
     Returns a JSON-ready summary (mean score, strict accuracy, per-task means, number of images,
-    seconds) and the images [N, 3, H, W] (videos [N, F, 3, H, W]) in [0, 1].
+    seconds), the images [N, 3, H, W] (videos [N, F, 3, H, W]) in [0, 1] and the per-sample scores [N]
+    (NaN = not applicable).
     """
     started = time.time()
     reward = load_reward(reward) if isinstance(reward, str) else reward
@@ -112,12 +113,12 @@ def evaluate(
     summary["steps"] = steps or model.config.sample_steps
     summary["guidance_scale"] = guidance_scale if guidance_scale is not None else model.config.guidance_scale
     summary["seed"] = seed
-    return summary, images
+    return summary, images, scores
 
 
 def evaluate_toy(model, toy_prompts, *, seed: int = 0, **kwargs) -> dict:
     """:func:`evaluate` on toy prompts (``rewards.toy.ToyPrompt``) with the toy scorer."""
-    summary, _ = evaluate(
+    summary, _, _ = evaluate(
         model, [p.text for p in toy_prompts], "toy", [p.to_dict() for p in toy_prompts], seed=seed, **kwargs
     )
     return summary

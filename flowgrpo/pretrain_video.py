@@ -136,7 +136,7 @@ def evaluate_snapshot(folder: Path, cfg: PretrainVideoConfig) -> dict:
         }
     )
     prompts = video_world.eval_prompts()
-    summary, _ = evaluate(model, [p.text for p in prompts], "toy_video", [p.to_dict() for p in prompts],
+    summary, _, _ = evaluate(model, [p.text for p in prompts], "toy_video", [p.to_dict() for p in prompts],
                           seed=cfg.seed, progress=False)
     return summary
 

@@ -54,6 +54,21 @@ def _clean(value):
     return value
 
 
+def _save_media(folder: Path, stem: str, media: torch.Tensor, fps: int) -> dict:
+    """One sample's files: a PNG for an image [3, H, W]; for a video [F, 3, H, W] an MP4 at ``fps``
+    (the sample) and its middle frame as a PNG (the poster). Returns the manifest's file keys."""
+    from PIL import Image
+
+    files = {"file": f"{stem}.png"}
+    if media.ndim == 4:
+        files = {"file": f"{stem}.mp4", "poster": f"{stem}.png"}
+        write_mp4(folder / files["file"], media, fps)
+        media = media[media.shape[0] // 2]
+    array = (media.permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
+    Image.fromarray(array).save(folder / (files.get("poster") or files["file"]))
+    return files
+
+
 class RunWriter:
     def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True, wandb: bool = False):
         self.dir, self.enabled = Path(run_dir), enabled
@@ -114,8 +129,6 @@ class RunWriter:
         as a PNG (``poster``)."""
         if not self.enabled:
             return
-        from PIL import Image
-
         folder = self.dir / "samples" / f"step_{step}"
         folder.mkdir(parents=True, exist_ok=True)
         lines, offset = [], 0
@@ -129,23 +142,33 @@ class RunWriter:
                     continue
                 written[p] = written.get(p, 0) + 1
                 node = int(rec.leaf_node[i])
-                name = f"s{b.slots[p]:04d}_n{node:04d}.png"
-                media = b.images[i]
-                extra = {}
-                if media.ndim == 4:  # a video [F, 3, H, W]: the MP4 is the sample, its middle frame the poster
-                    extra["poster"], name = name, name.removesuffix(".png") + ".mp4"
-                    write_mp4(folder / name, media, fps)
-                    media = media[media.shape[0] // 2]
-                array = (media.permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
-                Image.fromarray(array).save(folder / extra.get("poster", name))
+                files = _save_media(folder, f"s{b.slots[p]:04d}_n{node:04d}", b.images[i], fps)
                 row = leaf_rewards[offset + i]
                 lines.append(json.dumps({
                     "prompt": b.texts[p], "metadata": b.metadata[p], "seed": seed, "iteration": step,
                     "prompt_slot": b.slots[p], "group": int(rec.leaf_group[i]), "node": node, "parent": parents[node],
                     "rewards": {n: _clean(float(row[k])) for k, n in enumerate(reward_names)},
-                    "advantage": _clean(float(leaf_advantages[offset + i])), "file": name, **extra,
+                    "advantage": _clean(float(leaf_advantages[offset + i])), **files,
                 }))
             offset += rec.num_leaves
+        (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+
+    def write_eval_samples(self, step, media, prompts, metadata, scores, reward_name: str, seed: int,
+                           fps: int = 8) -> None:
+        """A held-out evaluation's samples as ``samples/eval_<step>/``: the same prompts and seeds at
+        every evaluation, so the gallery compares the base model (eval_0) with every later step."""
+        if not self.enabled:
+            return
+        folder = self.dir / "samples" / f"eval_{step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for i, (text, item) in enumerate(zip(prompts, media)):
+            lines.append(json.dumps({
+                "prompt": text, "metadata": metadata[i] if metadata else {}, "seed": seed, "iteration": step,
+                "prompt_slot": i, "group": i, "node": 0, "parent": -1,
+                "rewards": {reward_name: _clean(float(scores[i]))}, "advantage": None,
+                **_save_media(folder, f"e{i:04d}", item, fps),
+            }))
         (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
 
     def close(self) -> None:

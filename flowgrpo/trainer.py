@@ -369,9 +369,14 @@ class Trainer:
         e = self.cfg.eval
         prompts, metadata = read_prompts(e.prompts, e.limit)
         context = self._swapped(self.ema) if self.ema is not None else nullcontext()
+        seed = self.cfg.train.seed + 12345
         with context, self.acc.autocast():
-            summary, _ = evaluate(self.model, prompts, e.reward, metadata, seed=self.cfg.train.seed + 12345,
-                                  steps=e.steps, batch_size=e.batch_size, progress=False)
+            summary, media, scores = evaluate(self.model, prompts, e.reward, metadata, seed=seed, steps=e.steps,
+                                              batch_size=e.batch_size, progress=False)
+        n = self.cfg.log.eval_samples
+        if n:  # the same first n held-out prompts and seeds every time: the gallery compares steps
+            self.writer.write_eval_samples(self.iteration, media[:n], prompts[:n], metadata[:n] if metadata else None,
+                                           scores[:n], e.reward, seed, fps=self.cfg.log.video_fps)
         return {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))} | {
             f"eval/per_task/{k}": v for k, v in summary.get("per_task", {}).items()}
 

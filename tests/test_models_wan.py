@@ -237,7 +237,7 @@ def test_generate_and_score_a_video_batch(wan_folder):
                         "device": "cpu", "max_sequence_length": 16, "guidance_scale": 5.0,
                         "finetune": "full", "reference": "none"})
     meta = [parse_prompt(p).to_dict() for p in PROMPTS]
-    summary, videos = evaluate(model, PROMPTS, "toy_video", meta, steps=2, progress=False)
+    summary, videos, _ = evaluate(model, PROMPTS, "toy_video", meta, steps=2, progress=False)
     assert videos.shape == (3, 5, 3, 32, 32) and 0 <= videos.min() and videos.max() <= 1
     assert summary["num_images"] == 3 and 0.0 <= summary["mean_score"] <= 1.0
     assert set(summary["per_task"]) == {"direction", "color_direction"}

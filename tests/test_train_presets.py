@@ -51,6 +51,9 @@ def test_preset_trains_end_to_end(preset, tiny_sd3_dir, tmp_path):
     assert any(k.startswith("optim.") for k in ckpt) and any(k.startswith("weights.") for k in ckpt)
     assert (run / "config.yaml").is_file()
     assert (run / "gallery" / "index.html").is_file()  # the review site is built at the end of the run
+    held_out = [json.loads(line) for line in (run / "samples" / "eval_2" / "manifest.jsonl").read_text().splitlines()]
+    assert len(held_out) == 4 and all((run / "samples" / "eval_2" / m["file"]).is_file() for m in held_out)
+    assert sum(m["rewards"]["toy"] for m in held_out) / 4 == pytest.approx(rows[-1]["eval/mean_score"], abs=1e-3)
 
 
 def test_bf16_mixed_precision_runs_the_transformer_in_bf16(tiny_sd3_dir, tmp_path):
