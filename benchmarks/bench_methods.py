@@ -17,11 +17,12 @@ DEFAULT = "flow_grpo,dancegrpo,mixgrpo,mixgrpo_flash,branchgrpo,branchgrpo_mix,t
 
 
 def run(preset: str, minutes: float, checkpoints: list[float]) -> dict:
+    # chains: 8 samples per prompt; tree plans (BranchGRPO, TempFlow): one tree per prompt, its leaves the group
+    group = 1 if preset.startswith(("branch", "tempflow")) else 8
     cfg = load_config(preset, None, [f"run_name=bench-{preset}", "resume=false", "train.iterations=100000",
                                      "eval.every=0", "eval.at_start=false", "log.samples_every=0", "log.save_every=0",
-                                     "log.progress=false", "sampling.plan.group_size=8"])
-    if cfg.sampling.plan.get("group_size", 8) != 8 and preset.startswith(("branch", "tempflow")):
-        cfg.sampling.plan["group_size"] = 1
+                                     "log.eval_samples=0", "log.gallery=false", "log.progress=false",
+                                     f"sampling.plan.group_size={group}"])
     trainer = Trainer(cfg)
     phases, iterations, scores, elapsed = {}, 0, {}, 0.0
     pending = list(checkpoints)
