@@ -7,27 +7,13 @@ mixgrpo_flash, branchgrpo, branchgrpo_mix, tempflow, grpo_guard, sage, flow_grpo
 (e.g. ``train.iterations=100 sampling.plan.group_size=12``); see flowgrpo/config.py.
 """
 
-import argparse
 import sys
 
-from flowgrpo.config import ConfigError, load_config
-from flowgrpo.trainer import train
+from flowgrpo.launch import main as launch
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", help="a method preset name in configs/presets or a YAML file")
-    parser.add_argument("--model", help="a model config name in configs/models or a YAML file")
-    parser.add_argument("--config", help="a full config YAML merged before the preset")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.preset, args.model, args.overrides, base=args.config)
-    except ConfigError as exc:
-        print(f"train_t2i.py: configuration error: {exc}", file=sys.stderr)
-        return 2
-    train(cfg)
-    return 0
+    return launch(argv, prog="train_t2i.py", description=__doc__.split("\n\n")[0], default="default")
 
 
 if __name__ == "__main__":
