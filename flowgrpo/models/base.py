@@ -161,7 +161,7 @@ class FlowModel:
     """A flow-matching text-to-image (or text-to-video) model as functions of tensors (see the module docstring).
 
     Subclasses set ``pipeline_class`` and implement ``_encode``, ``_transformer_velocity``,
-    ``_uses_cfg``, ``latent_shape`` and ``_image_seq_len``.
+    ``latent_shape`` and ``_image_seq_len`` (and ``_uses_cfg`` where CFG is not scale > 1).
     """
 
     pipeline_class: ClassVar[type]  # the diffusers pipeline whose components and methods we use
@@ -254,8 +254,9 @@ class FlowModel:
         raise NotImplementedError
 
     def _uses_cfg(self, guidance_scale: float) -> bool:
-        """Whether ``velocity`` at this scale is the two-pass (batched) classifier-free guidance."""
-        raise NotImplementedError
+        """Whether ``velocity`` at this scale is the two-pass (batched) classifier-free guidance
+        (the pipelines' do_classifier_free_guidance; FLUX's guidance-distilled models differ)."""
+        return guidance_scale > 1.0
 
     def _transformer_velocity(
         self,

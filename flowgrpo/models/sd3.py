@@ -32,9 +32,6 @@ class SD3Model(FlowModel):
         )
         return embeds, pooled, None
 
-    def _uses_cfg(self, guidance_scale: float) -> bool:
-        return guidance_scale > 1.0  # the pipeline's do_classifier_free_guidance
-
     def _transformer_velocity(
         self,
         transformer: torch.nn.Module,
