@@ -155,26 +155,32 @@ def train_vae(
 
 
 @torch.no_grad()
-def build_dataset(pipe, cfg: PretrainConfig, work: Path) -> tuple[torch.Tensor, list[str]]:
-    """Render and encode the flow-matching data once; cached in the work dir."""
-    cache = work / "data.safetensors"
-    prompts = _balanced_prompts(cfg.dataset_size, cfg.seed)
-    texts = [p.text for p in prompts]
-    if cache.is_file():
-        from safetensors.torch import load_file
+def encode_dataset(vae, prompts: list, render, seed: int, work: Path, batch: int) -> torch.Tensor:
+    """VAE means of ``render(prompts, seeds)`` for every prompt (sample j of chunk i is seeded with
+    seed·1000003 + i + j), encoded once and cached in ``work/data.safetensors``."""
+    from safetensors.torch import load_file, save_file
 
-        return load_file(cache)["latents"], texts
+    cache = work / "data.safetensors"
+    if cache.is_file():
+        return load_file(cache)["latents"]
     latents = []
-    batch = 256
     for i in tqdm(range(0, len(prompts), batch), desc="2/3 data"):
         chunk = prompts[i : i + batch]
-        images = _images_to_tensor([world.render_prompt(p, cfg.seed * 1_000_003 + i + j) for j, p in enumerate(chunk)])
-        latents.append(pipe.vae.encode(images * 2 - 1).latent_dist.mean)
+        pixels = render(chunk, [seed * 1_000_003 + i + j for j in range(len(chunk))])
+        latents.append(vae.encode(pixels * 2 - 1).latent_dist.mean)
     raw = torch.cat(latents)
-    from safetensors.torch import save_file
-
     save_file({"latents": raw.contiguous()}, cache)
-    return raw, texts
+    return raw
+
+
+def build_dataset(pipe, cfg: PretrainConfig, work: Path) -> tuple[torch.Tensor, list[str]]:
+    """Render and encode the flow-matching scenes once; cached in the work dir."""
+    prompts = _balanced_prompts(cfg.dataset_size, cfg.seed)
+
+    def render(chunk, seeds):
+        return _images_to_tensor([world.render_prompt(p, s) for p, s in zip(chunk, seeds)])
+
+    return encode_dataset(pipe.vae, prompts, render, cfg.seed, work, batch=256), [p.text for p in prompts]
 
 
 def _shifted_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:

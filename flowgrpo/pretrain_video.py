@@ -25,9 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
-from flowgrpo.pretrain import TEXT_TOKENS, save_pipeline_from_snapshot, train_flow, train_vae
+from flowgrpo.pretrain import TEXT_TOKENS, encode_dataset, save_pipeline_from_snapshot, train_flow, train_vae
 from flowgrpo.tiny import TinyWanSizes, build_t5_tokenizer, build_tiny_wan_pipeline
 from rewards.toy import video_world
 
@@ -87,25 +86,12 @@ def _vae_batch(sizes: TinyWanSizes):
     return sample
 
 
-@torch.no_grad()
 def build_dataset(pipe, cfg: PretrainVideoConfig, work: Path) -> tuple[torch.Tensor, list[str]]:
     """Render and encode the flow-matching clips once (VAE means [N, C, f, h, w]); cached in the work dir."""
-    from safetensors.torch import load_file, save_file
-
-    cache = work / "data.safetensors"
     prompts = _balanced_prompts(cfg.dataset_size, cfg.seed)
-    texts = [p.text for p in prompts]
-    if cache.is_file():
-        return load_file(cache)["latents"], texts
-    latents = []
-    batch = 64
-    for i in tqdm(range(0, len(prompts), batch), desc="2/3 data"):
-        chunk = prompts[i : i + batch]
-        seeds = [cfg.seed * 1_000_003 + i + j for j in range(len(chunk))]
-        latents.append(pipe.vae.encode(_render(chunk, seeds, cfg.sizes) * 2 - 1).latent_dist.mean)
-    raw = torch.cat(latents)
-    save_file({"latents": raw.contiguous()}, cache)
-    return raw, texts
+    latents = encode_dataset(pipe.vae, prompts, lambda chunk, seeds: _render(chunk, seeds, cfg.sizes),
+                             cfg.seed, work, batch=64)
+    return latents, [p.text for p in prompts]
 
 
 def _wan_predict(pipe, xt: torch.Tensor, sigma: torch.Tensor, captions: list[str]) -> torch.Tensor:
