@@ -322,14 +322,19 @@ def _evaluate_ema(pipe, modules: dict, ema: dict, work: Path, cfg, evaluate: Cal
     return evaluate(work / "snapshot", cfg)
 
 
-def pretrain_toy(cfg: PretrainConfig) -> dict:
-    """Run (or resume) all stages and write the pipeline to ``cfg.output_dir``."""
+def open_work_dir(cfg) -> Path:
+    """Apply ``cfg.threads``, create the work dir and record the config in it (every pretraining)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    started = time.time()
     work = Path(cfg.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     (work / "pretrain_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    return work
+
+
+def pretrain_toy(cfg: PretrainConfig) -> dict:
+    """Run (or resume) all stages and write the pipeline to ``cfg.output_dir``."""
+    started, work = time.time(), open_work_dir(cfg)
     corpus = [p.text for p in world.train_prompts() + world.eval_prompts()]
     tokenizer = build_clip_tokenizer(corpus, max_length=TEXT_TOKENS)
     pipe = build_tiny_sd3_pipeline(tokenizer, cfg.sizes, seed=cfg.seed)

@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from flowgrpo.pretrain import TEXT_TOKENS, encode_dataset, save_pipeline_from_snapshot, train_flow, train_vae
+from flowgrpo.pretrain import (
+    TEXT_TOKENS, encode_dataset, open_work_dir, save_pipeline_from_snapshot, train_flow, train_vae,
+)
 from flowgrpo.tiny import TinyWanSizes, build_t5_tokenizer, build_tiny_wan_pipeline
 from rewards.toy import video_world
 
@@ -123,18 +125,13 @@ def evaluate_snapshot(folder: Path, cfg: PretrainVideoConfig) -> dict:
     )
     prompts = video_world.eval_prompts()
     summary, _, _ = evaluate(model, [p.text for p in prompts], "toy_video", [p.to_dict() for p in prompts],
-                          seed=cfg.seed, progress=False)
+                             seed=cfg.seed, progress=False)
     return summary
 
 
 def pretrain_toy_video(cfg: PretrainVideoConfig) -> dict:
     """Run (or resume) all stages and write the pipeline to ``cfg.output_dir``."""
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    started = time.time()
-    work = Path(cfg.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "pretrain_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    started, work = time.time(), open_work_dir(cfg)
     corpus = [p.text for p in video_world.train_prompts() + video_world.eval_prompts()]
     pipe = build_tiny_wan_pipeline(build_t5_tokenizer(corpus, max_length=TEXT_TOKENS), cfg.sizes, seed=cfg.seed)
     train_vae(pipe, cfg, work, _vae_batch(cfg.sizes))
