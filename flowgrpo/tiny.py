@@ -294,7 +294,9 @@ def build_t5_tokenizer(corpus: Iterable[str], max_length: int = 16):
 
 @dataclass(frozen=True)
 class TinyWanSizes:
-    """Sizes of a tiny Wan2.1. Defaults: the toy video model (9 frames of 32x32 -> latents 16x3x8x8).
+    """Sizes of a tiny Wan2.1. Defaults: the toy video model (9 frames of 32x32 -> latents 16x3x8x8,
+    one token per latent pixel: 192 tokens; Wan2.1's 2x2 patches left 48, and that model plateaued at
+    a held-out score of 0.12).
 
     The VAE compresses 4x in time (as Wan's) and 4x in space (Wan: 8x), so 32 px frames still give
     an 8x8 latent; ``AutoencoderKLWan`` gets ``scale_factor_spatial=4`` because the pipeline reads
@@ -307,6 +309,7 @@ class TinyWanSizes:
     vae_dim_mult: tuple[int, ...] = (1, 2, 2)  # 3 levels: 2 spatial downsamplings (4x)
     vae_temporal_downsample: tuple[bool, ...] = (True, True)  # both downsamplings also halve time (4x)
     latent_channels: int = 16  # z_dim, as Wan2.1
+    patch_size: tuple[int, int, int] = (1, 1, 1)  # (t, h, w) latent patch per token (Wan2.1: (1, 2, 2)); 1 keeps 4 px tokens
     text_width: int = 64  # UMT5 d_model = the transformer's text_dim
     text_layers: int = 2
     num_layers: int = 4
@@ -334,9 +337,10 @@ def build_tiny_wan_pipeline(tokenizer, sizes: TinyWanSizes = TinyWanSizes(), see
     torch.manual_seed(seed)
     temporal = 2 ** sum(sizes.vae_temporal_downsample)
     spatial = 2 ** (len(sizes.vae_dim_mult) - 1)
-    if (sizes.num_frames - 1) % temporal or sizes.image_size % (2 * spatial):
+    multiple = spatial * max(sizes.patch_size[1:])
+    if (sizes.num_frames - 1) % temporal or sizes.image_size % multiple:
         raise ValueError(
-            f"num_frames must be {temporal}k + 1 and image_size a multiple of {2 * spatial}, got "
+            f"num_frames must be {temporal}k + 1 and image_size a multiple of {multiple}, got "
             f"{sizes.num_frames} frames of {sizes.image_size} px"
         )
     vae = AutoencoderKLWan(
@@ -367,7 +371,7 @@ def build_tiny_wan_pipeline(tokenizer, sizes: TinyWanSizes = TinyWanSizes(), see
     )
     latent_frames = (sizes.num_frames - 1) // temporal + 1
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
+        patch_size=tuple(sizes.patch_size),
         num_attention_heads=sizes.num_heads,
         attention_head_dim=sizes.head_dim,
         in_channels=sizes.latent_channels,

@@ -20,7 +20,7 @@ torch.set_num_threads(1)
 PROMPTS = ["a video of a circle moving left", "a video of a red square moving up", "a video of a triangle moving down"]
 SIZES = TinyWanSizes(
     num_frames=5, image_size=32, vae_base_dim=8, latent_channels=8, text_width=32, num_layers=2, num_heads=2,
-    head_dim=12, ffn_dim=32, freq_dim=32,
+    head_dim=12, ffn_dim=32, freq_dim=32, patch_size=(1, 2, 2),  # Wan2.1's patching (the shipped tiny model uses 1x1x1)
 )
 
 

@@ -1,4 +1,4 @@
-"""The shipped tiny SD3 loads with the plain diffusers API and scores in its quality band, above a
+"""The shipped tiny SD3 and tiny Wan2.1 load with the plain diffusers API and score in their quality band, above a
 floor that a random model of the same architecture (same tokenizer, random weights) fails."""
 
 import torch
@@ -34,3 +34,33 @@ def test_shipped_model_scores_in_band_and_a_random_model_does_not(tmp_path):
     random = evaluate_toy(load_model(cfg), world.eval_prompts(), seed=0, progress=False)
     assert random["mean_score"] < FLOOR, random
     assert torch.isfinite(torch.tensor(shipped["mean_score"]))
+
+
+# ---- the tiny Wan2.1 of train_t2v.py (flowgrpo pretrain-toy-video)
+WAN = ASSETS_DIR / "tiny-wan"
+
+
+def test_shipped_wan_loads_small_and_plain():
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(WAN)
+    assert pipe.transformer.config.patch_size == [1, 1, 1] or tuple(pipe.transformer.config.patch_size) == (1, 1, 1)
+    assert any(m != 0.0 for m in pipe.vae.config.latents_mean)  # data statistics, not the 0/1 placeholders
+    size = sum(f.stat().st_size for f in WAN.rglob("*") if f.is_file())
+    assert size <= 20 * 2**20, f"shipped video model is {size / 2**20:.1f} MB (limit 20 MB)"
+
+
+def test_shipped_wan_scores_in_band_and_a_random_model_does_not(tmp_path):
+    from diffusers import WanPipeline
+
+    from flowgrpo.pretrain_video import PretrainVideoConfig, evaluate_snapshot
+    from flowgrpo.tiny import TinyWanSizes, build_tiny_wan_pipeline
+
+    cfg = PretrainVideoConfig()
+    shipped = evaluate_snapshot(WAN, cfg)
+    assert FLOOR <= shipped["mean_score"] <= 0.70, shipped
+    pipe = WanPipeline.from_pretrained(WAN)
+    random_pipe = build_tiny_wan_pipeline(pipe.tokenizer, TinyWanSizes(), seed=1)
+    random_pipe.vae = pipe.vae  # the trained VAE: only the transformer and text encoder are random
+    random_pipe.save_pretrained(tmp_path)
+    assert evaluate_snapshot(tmp_path, cfg)["mean_score"] < FLOOR
