@@ -19,8 +19,8 @@ from flowgrpo.config import load_config
 from flowgrpo.trainer import Trainer
 
 
-def plot(points, path: Path) -> None:
-    """A small line plot with PIL (no plotting dependency)."""
+def plot(points, path: Path, target: float, target_label: str) -> None:
+    """A small line plot with PIL (no plotting dependency), with the target as a red line."""
     from PIL import Image, ImageDraw
 
     w, h, pad = 640, 360, 40
@@ -32,9 +32,9 @@ def plot(points, path: Path) -> None:
     d.line(xy, fill=(30, 90, 200), width=3)
     for x, y in xy:
         d.ellipse([x - 3, y - 3, x + 3, y + 3], fill=(30, 90, 200))
-    y85 = (h - pad) - (h - 1.5 * pad) * 0.85
-    d.line([(pad, y85), (w - pad // 2, y85)], fill=(200, 60, 60), width=1)
-    d.text((pad + 4, y85 - 12), "0.85", fill=(200, 60, 60))
+    y_target = (h - pad) - (h - 1.5 * pad) * target
+    d.line([(pad, y_target), (w - pad // 2, y_target)], fill=(200, 60, 60), width=1)
+    d.text((pad + 4, y_target - 12), target_label, fill=(200, 60, 60))
     d.text((pad, h - pad + 8), f"0 .. {t_max:.1f} minutes", fill="black")
     d.text((4, pad // 2), "held-out toy score (0..1)", fill="black")
     img.save(path)
@@ -82,7 +82,9 @@ def main() -> None:
             break
     out = Path(cfg.run_dir)
     (out / "curve.json").write_text(json.dumps([{"minutes": m, **e} for m, e in curve], indent=1))
-    plot([(m, e["eval/mean_score"]) for m, e in curve], out / "curve.png")
+    start = curve[0][1]["eval/mean_score"]
+    target = (start + 0.2, f"target: start + 0.2 = {start + 0.2:.3f}") if args.video else (0.85, "target: 0.85")
+    plot([(m, e["eval/mean_score"]) for m, e in curve], out / "curve.png", *target)
     if args.video:
         before_after(out / "samples", out / "before_after.gif", fps=cfg.log.video_fps)
     print(f"{'minutes':>8} {'score':>6} {'strict':>6}")
