@@ -63,15 +63,16 @@ def main() -> None:
     cfg = load_config(None, None, [*args.overrides, *fixed], default="default_t2v" if args.video else "default")
     cfg.train.iterations = args.batches + 1
     trainer = Trainer(cfg)
-    grads, rewards = [], []
+    grads, rewards, samples = [], [], 0
     for k in range(args.batches):
         batches = trainer.sample(k)
         advantages, stats = trainer.advantages(batches)
         trainer.update(batches, advantages)
         grads.append(torch.cat([p.grad.flatten().double() for p in trainer.params if p.grad is not None]))
         rewards.append({key: v for key, v in stats.items() if key.startswith("reward/") and key.endswith("_mean")})
+        samples += len(stats["leaf_rewards"])  # scored samples (the leaves of tree plans)
         print(f"batch {k + 1}/{args.batches}: |g| {grads[-1].norm():.3e}  {rewards[-1]}", flush=True)
-    samples = cfg.train.prompts_per_iteration * int(cfg.sampling.plan.get("group_size", 1))
+    samples //= args.batches
     stats = noise_scale(torch.stack(grads), samples)
     print(f"\nconfig: {cfg.sampling.method}, {samples} samples per iteration, {grads[0].numel()} trained parameters")
     print(f"pairwise cosine of independent gradients: mean {stats['cos_mean']:+.4f}, std {stats['cos_std']:.4f}")
