@@ -1,6 +1,6 @@
 """How much signal is in one iteration's policy gradient? The gradient noise scale of a config.
 
-    python benchmarks/bench_gradient_noise.py [--batches 8] [--video] [key=value overrides ...]
+    python benchmarks/bench_gradient_noise.py [--batches 8] [--video] [--preset NAME] [key=value overrides ...]
 
 Builds the trainer of the embedded default (``--video``: the text-to-video one; plus overrides), then, at the *same* weights, draws
 ``--batches`` independent iterations (fresh prompts and noise each) and keeps each one's full
@@ -53,6 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=8, help="independent iterations at the same weights (>= 3)")
     parser.add_argument("--video", action="store_true", help="the text-to-video default (configs/default_t2v.yaml)")
+    parser.add_argument("--preset", default=None, help="a method preset (configs/presets/), as train_t2i.py --preset")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     if args.batches < 3:
@@ -60,7 +61,7 @@ def main() -> None:
     fixed = ["run_name=bench-gradient-noise", "resume=false", "eval.every=0", "eval.at_start=false", "log.gallery=false",
              "log.samples_every=0", "log.save_every=0", "log.tensorboard=false", "train.inner_epochs=1",
              "train.updates_per_epoch=1", "train.grad_clip=0", "train.learning_rate=0"]
-    cfg = load_config(None, None, [*args.overrides, *fixed], default="default_t2v" if args.video else "default")
+    cfg = load_config(args.preset, None, [*args.overrides, *fixed], default="default_t2v" if args.video else "default")
     cfg.train.iterations = args.batches + 1
     trainer = Trainer(cfg)
     grads, rewards, samples = [], [], 0
