@@ -4,16 +4,14 @@ the held-out evaluation scores videos; train_t2v.py's default config loads, and 
 asset names the command that builds it."""
 
 import json
-import math
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 
 from flowgrpo.config import ConfigError, load_config
 from flowgrpo.trainer import Trainer
-from train_fixtures import PLUGIN_REWARD, VIDEO_PLUGIN_REWARD, overrides
+from train_fixtures import PLUGIN_REWARD, VIDEO_PLUGIN_REWARD, overrides, train_and_check
 
 PRESETS = {  # the image tests' small structures (tests/test_train_presets.py)
     "flow_grpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4},
@@ -38,21 +36,10 @@ def video_config(preset, model_dir, out_dir, base=VIDEO_PLUGIN_REWARD, **extra):
 def test_video_preset_trains_end_to_end(preset, tiny_wan_dir, tmp_path):
     cfg = video_config(preset, tiny_wan_dir, tmp_path, **{"log.gallery": preset == "flow_grpo"})
     assert cfg.model.family == "wan" and cfg.model.num_frames == 5
-    trainer = Trainer(cfg)
+    trainer, run, rows = train_and_check(cfg)
     assert trainer.model.latent_shape() == (8, 2, 8, 8)  # 5-D latents [N, 8, 2, 8, 8]
-    before = [p.detach().clone() for p in trainer.params]
-    trainer.train()
-    run = Path(cfg.run_dir)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows if "loss" in r] == [1, 2]
-    for r in rows:
-        if "loss" in r:
-            assert r["loss"] is not None and math.isfinite(r["loss"]) and abs(r["loss"]) < 1e3
-            assert r["max_abs_ratio_minus_1_epoch0"] < 1e-6, r["max_abs_ratio_minus_1_epoch0"]
-            assert r["trained_transitions"] > 0
-            assert 0 < r["reward/video_brightness_mean"] < 1
+    assert all(0 < r["reward/video_brightness_mean"] < 1 for r in rows if "loss" in r)
     assert rows[-1]["eval/num_images"] == 2 and 0 <= rows[-1]["eval/mean_score"] <= 1  # 2 clips scored by toy_video
-    assert sum(not torch.equal(a, b) for a, b in zip(before, trainer.params)) > 0, "no trainable parameter changed"
 
     step = run / "samples" / "step_2"
     manifest = [json.loads(line) for line in (step / "manifest.jsonl").read_text().splitlines()]

@@ -1,4 +1,11 @@
-"""A tiny random SD3 and a tiny random Wan of the real classes, saved once per test session, for training tests."""
+"""A tiny random SD3 and a tiny random Wan of the real classes, saved once per test session, for training tests,
+and the end-to-end contract every training test checks."""
+
+import json
+import math
+from pathlib import Path
+
+import torch
 
 from flowgrpo.tiny import (
     TinySD3Sizes, TinyWanSizes, build_clip_tokenizer, build_t5_tokenizer, build_tiny_sd3_pipeline, build_tiny_wan_pipeline,
@@ -36,7 +43,6 @@ def overrides(model_dir: str, out_dir, **extra) -> list[str]:
 
 
 from rewards.base import Reward, RewardOutput  # noqa: E402
-import torch  # noqa: E402
 
 
 class Brightness(Reward):
@@ -80,3 +86,24 @@ class AlwaysNaN(Reward):
 
     def score_uint8(self, images, prompts, metadata):
         return RewardOutput(torch.full((len(prompts),), float("nan")))
+
+
+def train_and_check(cfg):
+    """Train ``cfg``'s two-iteration run and check the end-to-end contract: two logged updates, each with a
+    finite, bounded loss, ratio == 1 at inner epoch 0 and trained transitions; some trainable parameter
+    changed. Returns the trainer, the run directory and its metrics.jsonl rows."""
+    from flowgrpo.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    before = [p.detach().clone() for p in trainer.params]
+    trainer.train()
+    run = Path(cfg.run_dir)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows if "loss" in r] == [1, 2]
+    for r in rows:
+        if "loss" in r:
+            assert r["loss"] is not None and math.isfinite(r["loss"]) and abs(r["loss"]) < 1e3
+            assert r["max_abs_ratio_minus_1_epoch0"] < 1e-6, r["max_abs_ratio_minus_1_epoch0"]
+            assert r["trained_transitions"] > 0
+    assert sum(not torch.equal(a, b) for a, b in zip(before, trainer.params)) > 0, "no trainable parameter changed"
+    return trainer, run, rows
