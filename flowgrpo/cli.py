@@ -57,9 +57,12 @@ def _model_config(args) -> dict:
 def cmd_eval(args) -> int:
     import torch
 
-    from flowgrpo.evaluate import evaluate
+    from flowgrpo.evaluate import best_of_k, evaluate
     from flowgrpo.models import load_model
+    from rewards import load_reward
 
+    if args.samples_per_prompt < 1:
+        raise SystemExit(f"flowgrpo eval: --samples-per-prompt must be ≥ 1, got {args.samples_per_prompt}")
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts, metadata = _read_prompts(args.prompts, args.limit)
@@ -67,14 +70,23 @@ def cmd_eval(args) -> int:
     if args.checkpoint:
         folder = Path(args.checkpoint)
         model.load_trainable(folder / "model" if (folder / "model").is_dir() else folder)
-    summary, images, _ = evaluate(
-        model, prompts, args.reward, metadata, seed=args.seed, steps=args.steps,
-        guidance_scale=args.guidance, batch_size=args.batch_size,
-    )
+    reward = load_reward(args.reward)
+    all_scores = []
+    for j in range(args.samples_per_prompt):  # sample j of every prompt uses seed + j
+        result, images, scores = evaluate(
+            model, prompts, reward, metadata, seed=args.seed + j, steps=args.steps,
+            guidance_scale=args.guidance, batch_size=args.batch_size,
+        )
+        all_scores.append(scores)
+        if j == 0:
+            summary = result
+        if args.save_images:
+            _save_images(Path(args.save_images) / (f"seed_{args.seed + j}" if args.samples_per_prompt > 1 else ""),
+                         images, prompts)
+    if args.samples_per_prompt > 1:
+        summary["headroom"] = best_of_k(torch.stack(all_scores))
     summary = {"model": model.config.pretrained, "checkpoint": args.checkpoint, "prompts": args.prompts,
                "reward": args.reward, **summary}
-    if args.save_images:
-        _save_images(Path(args.save_images), images, prompts)
     text = json.dumps(summary, indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")
@@ -145,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--steps", type=int, help="ODE steps (default: the model config's sample_steps)")
     ev.add_argument("--guidance", type=float, help="guidance scale (default: the model config's)")
     ev.add_argument("--seed", type=int, default=0, help="noise seed; image i uses a pure function of (seed, i)")
+    ev.add_argument("--samples-per-prompt", type=int, default=1,
+                    help="K > 1: also sample seeds seed+1 .. seed+K-1 and report the headroom: the mean best "
+                         "of k samples per prompt for k = 1, 2, 4, .. K; the summary's "
+                         "other numbers stay those of the first seed")
     ev.add_argument("--batch-size", type=int, default=64)
     ev.add_argument("--limit", type=int, help="score only the first N prompts")
     ev.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, auto)")

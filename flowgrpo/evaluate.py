@@ -116,6 +116,31 @@ def evaluate(
     return summary, images, scores
 
 
+def best_of_k(scores: torch.Tensor) -> dict:
+    """Headroom of a model: how good its best of k samples per prompt is, for k = 1, 2, 4, ... K.
+
+    ``scores`` [K, N]: K samples (seeds) of each of N prompts (NaN = not applicable). ``best_of``
+    maps k to the mean over prompts of the best of the first k samples; a policy that always made a
+    prompt's best sample would score that. NaN samples are skipped; a prompt counts towards k once
+    one of its first k samples is scored."""
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be [K samples, N prompts], got shape {tuple(scores.shape)}")
+    K = scores.shape[0]
+    valid = ~torch.isnan(scores).all(0)
+    filled = torch.where(torch.isnan(scores), torch.full_like(scores, float("-inf")), scores)[:, valid].float()
+    ks = sorted({2**i for i in range(K.bit_length()) if 2**i <= K} | {K})
+    summary = {
+        "samples_per_prompt": K,
+        "mean_over_samples": round(scores[:, valid].nanmean().item(), 4),
+        "best_of": {k: round(_finite_mean(filled[:k].max(0).values), 4) for k in ks},
+    }
+    return summary
+
+
+def _finite_mean(values: torch.Tensor) -> float:
+    return values[torch.isfinite(values)].mean().item()
+
+
 def evaluate_toy(model, toy_prompts, *, seed: int = 0, **kwargs) -> dict:
     """:func:`evaluate` on toy prompts (``rewards.toy.ToyPrompt``) with the toy scorer."""
     summary, _, _ = evaluate(

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flowgrpo.cli import main
+from flowgrpo.evaluate import best_of_k
 from flowgrpo.paths import builtin_models
 
 needs_shipped = pytest.mark.skipif("tiny-sd3" not in builtin_models(), reason="shipped tiny model not built")
@@ -104,3 +105,32 @@ def test_eval_of_a_training_checkpoint_scores_what_training_evaluated(capsys, ti
     summary = json.loads(capsys.readouterr().out)
     assert summary["model"] == tiny_sd3_dir
     assert summary["mean_score"] == pytest.approx(trained["eval/mean_score"], abs=1e-6)
+
+
+def test_best_of_k_by_hand():
+    nan = float("nan")
+    scores = torch.tensor([[0.1, nan, nan], [0.5, 0.2, nan], [0.3, 0.9, nan], [0.0, 0.0, nan]])
+    out = best_of_k(scores)
+    assert out["samples_per_prompt"] == 4 and out["mean_over_samples"] == pytest.approx(2.0 / 7, abs=1e-4)
+    # k = 1: only prompt 0 is scored (0.1); k = 2: 0.5 and 0.2; k = 4: 0.5 and 0.9; the all-NaN prompt never counts
+    assert out["best_of"] == {1: pytest.approx(0.1), 2: pytest.approx(0.35), 4: pytest.approx(0.7)}
+    with pytest.raises(ValueError, match=r"\[K samples, N prompts\]"):
+        best_of_k(scores[0])
+
+
+@needs_shipped
+def test_eval_samples_per_prompt_reports_headroom_and_keeps_the_first_seed(capsys, tmp_path):
+    args = ["eval", "--limit", "3", "--steps", "2"]
+    main(args)
+    single = json.loads(capsys.readouterr().out)
+    main([*args, "--samples-per-prompt", "3", "--save-images", str(tmp_path / "imgs")])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["mean_score"] == single["mean_score"]  # the first seed's numbers are unchanged
+    head = summary["headroom"]
+    assert head["samples_per_prompt"] == 3 and set(head["best_of"]) == {"1", "2", "3"}
+    assert head["best_of"]["1"] == pytest.approx(single["mean_score"], abs=1e-4)
+    assert head["best_of"]["1"] <= head["best_of"]["2"] <= head["best_of"]["3"]
+    assert sorted(p.name for p in (tmp_path / "imgs").iterdir()) == ["seed_0", "seed_1", "seed_2"]
+    assert len(list((tmp_path / "imgs" / "seed_2").glob("*.png"))) == 3
+    with pytest.raises(SystemExit, match="--samples-per-prompt must be ≥ 1"):
+        main([*args, "--samples-per-prompt", "0"])
