@@ -40,3 +40,38 @@ def test_pure_noise_is_not_detected_and_gives_a_lower_bound():
 def test_too_few_estimates_are_refused():
     with pytest.raises(ValueError, match="at least 3"):
         bench.noise_scale(torch.zeros(2, 5), samples=8)
+
+
+def _gaussian_policy_b_noise(dim: int, group: int = 8, groups: int = 8, batches: int = 48, seed: int = 0) -> float:
+    """B_noise of the GRPO gradient for the friendliest case: one Gaussian step x ~ N(θ, σ²I) in
+    ``dim`` dimensions whose mean θ is the whole policy, a linear reward w·x, group z-scored
+    advantages and the true (summed) log-density of samplers.kernels.log_prob."""
+    from flowgrpo.advantages import group_zscore
+    from samplers.kernels import log_prob
+
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(dim, generator=gen)
+    w /= w.norm()
+    theta = torch.zeros(dim, requires_grad=True)
+    ids = torch.arange(groups).repeat_interleave(group)
+    grads = []
+    for _ in range(batches):
+        x = theta.detach() + 0.5 * torch.randn(group * groups, dim, generator=gen)
+        advantages, _ = group_zscore(x @ w, ids)
+        loss = -(advantages * log_prob(x, theta.expand_as(x), 0.5, reduce="sum")).mean()
+        (grad,) = torch.autograd.grad(loss, theta)
+        grads.append(grad)
+    stats = bench.noise_scale(torch.stack(grads), samples=group * groups)
+    assert stats["detected"]
+    return stats["b_noise"]
+
+
+def test_a_linear_reward_needs_as_many_samples_as_the_policy_has_dimensions():
+    """The score-function (GRPO) gradient's noise grows with the dimension the policy moves in: with a
+    reward that is linear in the sample, B_noise = D·G/(G − 1) (baseline = the group mean of G; the
+    signal is E[A ε]/σ ∝ w, the noise E[A²|ε|²]/σ² ∝ D). This is why a 1,024-dimensional latent
+    per step needs thousands of samples for one gradient with a signal-to-noise ratio of 1."""
+    small, large = _gaussian_policy_b_noise(64), _gaussian_policy_b_noise(256)
+    assert small == pytest.approx(64 * 8 / 7, rel=0.25)
+    assert large == pytest.approx(256 * 8 / 7, rel=0.25)
+    assert large / small == pytest.approx(4.0, rel=0.35)
