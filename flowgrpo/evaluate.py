@@ -126,19 +126,13 @@ def best_of_k(scores: torch.Tensor) -> dict:
     if scores.dim() != 2:
         raise ValueError(f"scores must be [K samples, N prompts], got shape {tuple(scores.shape)}")
     K = scores.shape[0]
-    valid = ~torch.isnan(scores).all(0)
-    filled = torch.where(torch.isnan(scores), torch.full_like(scores, float("-inf")), scores)[:, valid].float()
-    ks = sorted({2**i for i in range(K.bit_length()) if 2**i <= K} | {K})
-    summary = {
-        "samples_per_prompt": K,
-        "mean_over_samples": round(scores[:, valid].nanmean().item(), 4),
-        "best_of": {k: round(_finite_mean(filled[:k].max(0).values), 4) for k in ks},
-    }
-    return summary
-
-
-def _finite_mean(values: torch.Tensor) -> float:
-    return values[torch.isfinite(values)].mean().item()
+    filled = torch.where(torch.isnan(scores), float("-inf"), scores.float())
+    ks = sorted({2**i for i in range(K.bit_length())} | {K})
+    best = {}
+    for k in ks:
+        top = filled[:k].max(0).values
+        best[k] = round(top[torch.isfinite(top)].mean().item(), 4)
+    return {"samples_per_prompt": K, "mean_over_samples": round(scores.nanmean().item(), 4), "best_of": best}
 
 
 def evaluate_toy(model, toy_prompts, *, seed: int = 0, **kwargs) -> dict:
