@@ -97,17 +97,18 @@ def cmd_eval(args) -> int:
 def _save_images(folder: Path, images, prompts: list[str]) -> None:
     from PIL import Image
 
+    from flowgrpo.run_dir import to_uint8
+
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, (image, prompt) in enumerate(zip(images, prompts)):
         if image.ndim == 4:  # a video [F, 3, H, W]: an animated GIF
             name = f"{i:05d}.gif"
-            frames = [Image.fromarray(a) for a in (image.permute(0, 2, 3, 1).clamp(0, 1) * 255).round().byte().numpy()]
+            frames = [Image.fromarray(a) for a in to_uint8(image)]
             frames[0].save(folder / name, save_all=True, append_images=frames[1:], duration=125, loop=0)
         else:
             name = f"{i:05d}.png"
-            array = (image.permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
-            Image.fromarray(array).save(folder / name)
+            Image.fromarray(to_uint8(image)).save(folder / name)
         rows.append(json.dumps({"file": name, "prompt": prompt}))
     (folder / "manifest.jsonl").write_text("\n".join(rows) + "\n")
 

@@ -33,11 +33,16 @@ def require_video_writer() -> None:
         ) from None
 
 
+def to_uint8(media: torch.Tensor):
+    """An image [3, H, W] or video [F, 3, H, W] float in [0, 1] as uint8 numpy, channels last."""
+    return (media.movedim(-3, -1).clamp(0, 1) * 255).round().byte().cpu().numpy()
+
+
 def write_mp4(path: Path, video: torch.Tensor, fps: int) -> None:
     """A video float [F, 3, H, W] in [0, 1] as H.264 (yuv420p, plays in browsers), at its own size."""
     import imageio.v2 as imageio
 
-    frames = (video.permute(0, 2, 3, 1).clamp(0, 1) * 255).round().byte().numpy()  # [F, H, W, 3]
+    frames = to_uint8(video)  # [F, H, W, 3]
     # macro_block_size=2: frames keep their size unless it is odd (yuv420p needs even sizes; imageio then scales by 1 px)
     with imageio.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264", quality=None,
                             macro_block_size=2, ffmpeg_log_level="error",
@@ -64,8 +69,7 @@ def _save_media(folder: Path, stem: str, media: torch.Tensor, fps: int) -> dict:
         files = {"file": f"{stem}.mp4", "poster": f"{stem}.png"}
         write_mp4(folder / files["file"], media, fps)
         media = media[media.shape[0] // 2]
-    array = (media.permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
-    Image.fromarray(array).save(folder / (files.get("poster") or files["file"]))
+    Image.fromarray(to_uint8(media)).save(folder / (files.get("poster") or files["file"]))
     return files
 
 
