@@ -29,7 +29,9 @@ def _group_stats(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tens
 def group_zscore(
     rewards: torch.Tensor, groups: torch.Tensor, std: str = "group", eps: float = 1e-4
 ) -> tuple[torch.Tensor, dict]:
-    """A_i = (r_i − mean_g)/(std + eps) with std per group or over the whole batch.
+    """A_i = (r_i − mean_g)/(std + eps) with std per group or over the whole batch, or
+    A_i = r_i − mean_g with std="none" (Dr. GRPO: the group-mean baseline alone, which keeps the
+    reward's scale, so a KL weight β means what it says in E[r] − β·KL).
 
     rewards [L] (NaN = not applicable), groups [L] -> advantages [L] float32 (NaN where the reward
     is), plus stats: the fraction of groups with zero std (they carry no signal and get A = 0).
@@ -38,12 +40,14 @@ def group_zscore(
     valid = ~torch.isnan(rewards)
     if std == "global":
         denom = rewards[valid].double().std(unbiased=False) if valid.any() else torch.tensor(0.0)
-        denom = denom.expand_as(mean)
+        denom = denom.expand_as(mean) + eps
     elif std == "group":
-        denom = group_std
+        denom = group_std + eps
+    elif std == "none":
+        denom = torch.ones_like(mean)
     else:
-        raise ValueError(f"std={std!r}; use 'group' or 'global'")
-    adv = (rewards.double() - mean) / (denom + eps)
+        raise ValueError(f"std={std!r}; use 'group', 'global' or 'none'")
+    adv = (rewards.double() - mean) / denom
     zero = group_std < 1e-12
     adv = torch.where(zero & valid, torch.zeros_like(adv), adv)
     ids = torch.unique(groups)
@@ -67,9 +71,11 @@ def gdpo(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps
 
 
 def combine_rewards(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
-    """[L, K] rewards -> [L] scalar signal: one reward passes through; several combine by ``mode``."""
+    """[L, K] rewards -> [L] scalar signal: one reward is scaled by its weight (a negative weight
+    minimises it: every advantage rule is odd in the signal, so weight −1 flips every advantage's
+    sign); several combine by ``mode``."""
     if rewards.shape[1] == 1:
-        return rewards[:, 0]
+        return rewards[:, 0] * weights[0].to(rewards)
     if mode == "gdpo":
         return gdpo(rewards, weights, groups, eps)
     if mode == "sum":

@@ -39,13 +39,13 @@ class SamplingConfig:
 @dataclass
 class RewardSpec:
     name: str = "toy"  # registered reward name or dotted path module:Class
-    weight: float = 1.0  # weight in the multi-reward combination
+    weight: float = 1.0  # weight in the multi-reward combination; a single reward is scaled by it too (−1 minimises it)
     kwargs: dict = field(default_factory=dict)  # passed to the reward's constructor
 
 
 @dataclass
 class AdvantageConfig:
-    std: str = "group"  # z-score denominator: group (per group) | global (whole batch)
+    std: str = "group"  # z-score denominator: group (per group) | global (whole batch) | none (A = r − group mean, Dr. GRPO)
     eps: float = 1e-4  # added to the std
     clip: float = 5.0  # advantages are clipped to [-clip, clip]
     multi_reward: str = "gdpo"  # several rewards: gdpo (z-score each, weighted sum, z-score the sum) | sum (weighted sum of raw rewards)
@@ -133,7 +133,7 @@ class Config:
 
 _CHOICES = {
     "sampling.reduce": ("mean", "sum"),
-    "advantage.std": ("group", "global"),
+    "advantage.std": ("group", "global", "none"),
     "advantage.multi_reward": ("gdpo", "sum"),
     "advantage.tree_value": ("mean", "path_weighted"),
     "loss.ratio": ("plain", "guard"),

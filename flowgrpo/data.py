@@ -10,23 +10,31 @@ class PromptFileError(ValueError):
     """A prompt set that cannot be read; the message names the fix."""
 
 
-def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
-    """Prompts and metadata from 'toy-eval', 'toy-train' (toy images), 'toy-video-eval',
-    'toy-video-train' (toy videos), a .txt file (one prompt a line) or a .jsonl file
-    ({"prompt": ..., "metadata": {...}} a line; metadata optional)."""
-    if spec in ("toy-eval", "toy-train", "toy-video-eval", "toy-video-train"):
-        from rewards.toy import video_world, world
+# the built-in prompt sets: name -> the module of their world (its train_prompts() / eval_prompts())
+BUILTIN_PROMPT_SETS = {
+    "toy-train": "rewards.toy.world", "toy-eval": "rewards.toy.world",
+    "toy-video-train": "rewards.toy.video_world", "toy-video-eval": "rewards.toy.video_world",
+    "analytic-train": "rewards.analytic", "analytic-eval": "rewards.analytic",
+}
 
-        toy_world = video_world if spec.startswith("toy-video") else world
-        toy = toy_world.eval_prompts() if spec.endswith("eval") else toy_world.train_prompts()
-        prompts, metadata = [p.text for p in toy], [p.to_dict() for p in toy]
+
+def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
+    """Prompts and metadata from a built-in set (BUILTIN_PROMPT_SETS: 'toy-train', 'toy-eval' (toy
+    images), 'toy-video-train', 'toy-video-eval' (toy videos), 'analytic-train', 'analytic-eval' (the
+    analytic world)), a .txt file (one prompt a line) or a .jsonl file ({"prompt": ..., "metadata":
+    {...}} a line; metadata optional)."""
+    if spec in BUILTIN_PROMPT_SETS:
+        import importlib
+
+        world = importlib.import_module(BUILTIN_PROMPT_SETS[spec])
+        items = world.eval_prompts() if spec.endswith("eval") else world.train_prompts()
+        prompts, metadata = [p.text for p in items], [p.to_dict() for p in items]
     else:
         path = Path(spec)
         if not path.is_file():
             raise PromptFileError(
-                f"prompts {spec!r} is neither 'toy-eval', 'toy-train', 'toy-video-eval', 'toy-video-train' "
-                "nor an existing .txt (one prompt a "
-                'line) or .jsonl ({"prompt": ..., "metadata": {...}} a line) file'
+                f"prompts {spec!r} is neither a built-in set ({', '.join(BUILTIN_PROMPT_SETS)}) nor an existing "
+                '.txt (one prompt a line) or .jsonl ({"prompt": ..., "metadata": {...}} a line) file'
             )
         lines = [line for line in path.read_text().splitlines() if line.strip()]
         if path.suffix == ".jsonl":

@@ -127,10 +127,11 @@ class RunWriter:
             self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "iteration"}, step=step)
 
     def write_samples(self, step, batches, leaf_rewards, leaf_advantages, reward_names, per_prompt: int, seed: int,
-                      fps: int = 8) -> None:
+                      fps: int = 8, preview=None) -> None:
         """Up to ``per_prompt`` leaves per prompt and one manifest line per written sample: a PNG per
         image ([3, H, W]); per video ([F, 3, H, W]) an MP4 at ``fps`` (``file``) and the middle frame
-        as a PNG (``poster``)."""
+        as a PNG (``poster``). ``preview(media, groups, prompts)`` (the model's) turns samples that are
+        not pictures into pictures first (the analytic world's scatter plots)."""
         if not self.enabled:
             return
         folder = self.dir / "samples" / f"step_{step}"
@@ -139,6 +140,8 @@ class RunWriter:
         for b in batches:
             rec = b.record
             parents = rec.node_parent.tolist()
+            media = b.images if preview is None else preview(b.images, rec.leaf_group,
+                                                             [b.texts[p] for p in rec.leaf_prompt.tolist()])
             written: dict[int, int] = {}
             for i in range(rec.num_leaves):
                 p = int(rec.leaf_prompt[i])
@@ -146,7 +149,7 @@ class RunWriter:
                     continue
                 written[p] = written.get(p, 0) + 1
                 node = int(rec.leaf_node[i])
-                files = _save_media(folder, f"s{b.slots[p]:04d}_n{node:04d}", b.images[i], fps)
+                files = _save_media(folder, f"s{b.slots[p]:04d}_n{node:04d}", media[i], fps)
                 row = leaf_rewards[offset + i]
                 lines.append(json.dumps({
                     "prompt": b.texts[p], "metadata": b.metadata[p], "seed": seed, "iteration": step,

@@ -97,7 +97,7 @@ class Trainer:
         self.ema = [p.detach().clone() for p in self.params] if t.ema_decay > 0 else None
         self.anchor = [p.detach().clone() for p in self.params] if cfg.loss.anchor_kl_coef > 0 else None
         self.nfe = samplers.NFECounter()
-        self.iteration, self.optimizer_steps = 0, 0
+        self.iteration, self.optimizer_steps, self.skipped_steps = 0, 0, 0
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
         # rewards of batch b run in a worker thread while batch b+1 samples; a failing reward is
         # retried, then gives NaN for that batch (masked out of the loss) and a warning
@@ -227,6 +227,7 @@ class Trainer:
         diag: dict[str, list] = {"loss": [], "log_ratio": [], "ratio_dev_epoch0": [], "clipped_high": [], "clipped_low": [],
                                  "approx_kl": [], "grad_norm": [], "step": [], "kl": []}
         group_ids = sorted(counts)
+        skipped_before = self.skipped_steps
         for epoch in range(t.inner_epochs):
             order = _seeded_permutation(len(group_ids), t.seed, 11, self.iteration, epoch).tolist()
             chunks = [set(group_ids[i] for i in order[u :: t.updates_per_epoch]) for u in range(t.updates_per_epoch)]
@@ -254,6 +255,7 @@ class Trainer:
             "kl_ref": float(cat["kl"].mean()) if cat["kl"].numel() else 0.0,
             "grad_norm": float(cat["grad_norm"].mean()) if cat["grad_norm"].numel() else 0.0,
             "trained_transitions": total_rows,
+            "skipped_steps": self.skipped_steps - skipped_before,  # optimizer steps without gradient, not taken
         }
         for s in cat["step"].unique().tolist() if cat["step"].numel() else []:
             lr = cat["log_ratio"][cat["step"] == s]
@@ -332,6 +334,12 @@ class Trainer:
                 torch.distributed.all_reduce(g)
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip) if self.cfg.train.grad_clip > 0 else \
             torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) if grads else torch.tensor(0.0)
+        if float(norm) == 0.0:
+            # no signal (e.g. every group's rewards tied): skip the step, or Adam would move the weights
+            # on its momentum alone (measured on the analytic world: a converged policy drifted off its
+            # target after a few such steps and collapsed)
+            self.skipped_steps += 1
+            return 0.0
         self.optimizer.step()
         self.optimizer_steps += 1
         if self.ema is not None:
@@ -375,7 +383,10 @@ class Trainer:
                                               batch_size=e.batch_size, progress=False)
         n = self.cfg.log.eval_samples
         if n:  # the same first n held-out prompts and seeds every time: the gallery compares steps
-            self.writer.write_eval_samples(self.iteration, media[:n], prompts[:n], metadata[:n] if metadata else None,
+            first: dict[str, int] = {}  # samples of the same prompt form a group in the preview
+            same_prompt = torch.tensor([first.setdefault(p, len(first)) for p in prompts])
+            shown = self.model.preview(media, same_prompt, prompts)[:n]
+            self.writer.write_eval_samples(self.iteration, shown, prompts[:n], metadata[:n] if metadata else None,
                                            scores[:n], e.reward, seed, fps=self.cfg.log.video_fps)
         return {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))} | {
             f"eval/per_task/{k}": v for k, v in summary.get("per_task", {}).items()}
@@ -449,7 +460,7 @@ class Trainer:
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         if cfg.log.samples_every and self.iteration % cfg.log.samples_every == 0:
             self.writer.write_samples(self.iteration, batches, leaf_rewards, leaf_adv, [r.name for r in self.rewards],
-                                      cfg.log.samples_per_prompt, cfg.train.seed, cfg.log.video_fps)
+                                      cfg.log.samples_per_prompt, cfg.train.seed, cfg.log.video_fps, self.model.preview)
         final = self.iteration == cfg.train.iterations
         if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or final:
             if self.acc.is_main_process:
@@ -504,22 +515,32 @@ def _model_modality(family: str) -> str:
     return _family_class(family).modality
 
 
+_EXAMPLE_REWARD = {"image": "toy", "video": "toy_video", "vector": "analytic_hit"}
+
+
+def _takes(reward_modality: str, modality: str) -> bool:
+    """Whether a reward of ``reward_modality`` scores what a model of ``modality`` makes ("both" = pictures)."""
+    return reward_modality == modality or (reward_modality == "both" and modality in ("image", "video"))
+
+
 def _check_reward_modalities(rewards, names: list[str], eval_reward: str, modality: str) -> None:
-    """A reward must take what the model makes (images or videos): fail at start-up, naming the fix."""
-    other = "image" if modality == "video" else "video"
+    """A reward must take what the model makes (images, videos or vectors): fail at start-up, naming the fix."""
     for reward, name in zip(rewards, names):
-        if getattr(reward, "modality", "both") == other:
+        theirs = getattr(reward, "modality", "both")
+        if not _takes(theirs, modality):
             fix = (f"rewards=[{{name: per_frame, kwargs: {{reward: {name}}}}}] scores it frame by frame, or use a "
-                   "video reward such as toy_video" if modality == "video" else "use an image reward such as toy")
-            raise ConfigError(f"reward {name!r} scores {other}s but the model makes {modality}s; {fix}")
+                   "video reward such as toy_video" if modality == "video" and theirs == "image" else
+                   f"use a {modality} reward such as {_EXAMPLE_REWARD[modality]}")
+            raise ConfigError(f"reward {name!r} scores {theirs if theirs != 'both' else 'picture'}s but the model "
+                              f"makes {modality}s; {fix}")
     try:
         eval_modality = getattr(import_object(REGISTRY.get(eval_reward, eval_reward)), "modality", "both")
     except (ValueError, ImportError):
         return  # a bad name fails with load_reward's own message when evaluation runs
-    if eval_modality == other:
-        example = "toy_video" if modality == "video" else "toy"
-        raise ConfigError(f"eval.reward={eval_reward!r} scores {other}s but the model makes {modality}s; "
-                          f"set eval.reward to a {modality} reward such as {example} (and eval.prompts to match)")
+    if not _takes(eval_modality, modality):
+        raise ConfigError(f"eval.reward={eval_reward!r} scores {eval_modality}s but the model makes {modality}s; "
+                          f"set eval.reward to a {modality} reward such as {_EXAMPLE_REWARD[modality]} (and "
+                          "eval.prompts to match)")
 
 
 def train(cfg: Config) -> dict:

@@ -14,6 +14,8 @@ from rewards.common import import_object
 REGISTRY: dict[str, str] = {
     "toy": "rewards.toy.scorer:ToyScorer",
     "toy_video": "rewards.toy.video_scorer:ToyVideoScorer",
+    "analytic_hit": "rewards.analytic:AnalyticHit",
+    "analytic_smooth": "rewards.analytic:AnalyticSmooth",
     "pickscore": "rewards.clip_rewards:PickScore",
     "clipscore": "rewards.clip_rewards:CLIPScore",
     "hpsv2": "rewards.hps:HPSv2",

@@ -9,9 +9,12 @@ Shapes by `modality`:
     "image"  images float [B, 3, H, W]
     "video"  videos float [B, F, 3, H, W] (F frames); lift an image reward with rewards.video.PerFrame
     "both"   either of the two
+    "vector" samples float [B, d] that are not pictures (the analytic world, rewards/analytic.py):
+             they reach the reward as float32, unrounded
 
-A subclass sets `name` and `modality` and implements `score_uint8(images_uint8, prompts, metadata)`;
-`Reward.score` is the same call for batches that are already uint8 (used by wrappers and the server).
+A subclass sets `name` and `modality` and implements `score_uint8(images_uint8, prompts, metadata)`
+(a "vector" reward: `score_vectors(x_float32, prompts, metadata)`); `Reward.score` is the same call
+for batches that are already uint8 (used by wrappers and the server).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-MODALITIES = ("image", "video", "both")
+MODALITIES = ("image", "video", "both", "vector")
 
 
 @dataclass
@@ -33,21 +36,26 @@ class Reward:
     """Base class. Subclasses set `name` (and `modality`) and implement `score_uint8`."""
 
     name: str = ""
-    modality: str = "image"  # "image" | "video" | "both"
+    modality: str = "image"  # "image" | "video" | "both" | "vector"
 
     def __call__(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
     ) -> RewardOutput:
-        """images: float [B, 3, H, W] (image) or [B, F, 3, H, W] (video) RGB in [0, 1]; prompts: B
-        strings; metadata: None or B dicts."""
-        return self.score(self.to_uint8(images), prompts, metadata)
+        """images: float [B, 3, H, W] (image) or [B, F, 3, H, W] (video) RGB in [0, 1], or samples
+        [B, d] (vector); prompts: B strings; metadata: None or B dicts."""
+        prepared = self.to_float32(images) if self.modality == "vector" else self.to_uint8(images)
+        return self.score(prepared, prompts, metadata)
 
     def score(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
     ) -> RewardOutput:
-        """`__call__` for a batch already rounded to uint8 [B, 3, H, W] or [B, F, 3, H, W]."""
-        if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
-            raise TypeError(f"{self.name}: score() takes a uint8 tensor; call the reward on float images in [0, 1] instead")
+        """`__call__` for a batch already rounded to uint8 [B, 3, H, W] or [B, F, 3, H, W] (a vector
+        reward: float32 [B, d])."""
+        vector = self.modality == "vector"
+        want = torch.float32 if vector else torch.uint8
+        if not isinstance(images, torch.Tensor) or images.dtype != want:
+            what = "a float32 tensor [B, d]" if vector else "a uint8 tensor; call the reward on float images in [0, 1] instead"
+            raise TypeError(f"{self.name}: score() takes {what}")
         self._check_shape(images)
         batch = images.shape[0]
         if isinstance(prompts, str) or len(prompts) != batch:
@@ -57,7 +65,8 @@ class Reward:
             raise ValueError(
                 f"{self.name}: got {batch} images but {len(metadata)} metadata entries; pass one per image or None"
             )
-        out = self.score_uint8(images, list(prompts), None if metadata is None else list(metadata))
+        scorer = self.score_vectors if vector else self.score_uint8
+        out = scorer(images, list(prompts), None if metadata is None else list(metadata))
         if not isinstance(out, RewardOutput):
             raise RuntimeError(f"{self.name}: score_uint8 returned {type(out).__name__}, expected RewardOutput")
         if out.scores.shape != (batch,) or out.scores.dtype != torch.float32:
@@ -72,10 +81,21 @@ class Reward:
         """images: uint8 [B, 3, H, W] RGB (or [B, F, 3, H, W] for video rewards)."""
         raise NotImplementedError
 
+    def score_vectors(self, x: torch.Tensor, prompts: list[str], metadata: list[dict] | None) -> RewardOutput:
+        """x: float32 [B, d] samples (``modality = "vector"`` rewards)."""
+        raise NotImplementedError
+
     def _check_shape(self, images: torch.Tensor) -> None:
         if self.modality not in MODALITIES:
             raise ValueError(f"{self.name}: modality {self.modality!r} is not one of {MODALITIES}")
         shape = tuple(images.shape)
+        if self.modality == "vector":
+            if images.ndim != 2:
+                raise ValueError(f"{self.name}: scores samples [B, d] (the analytic world), got shape {shape}")
+            return
+        if images.ndim == 2:
+            raise ValueError(f"{self.name}: is an {self.modality} reward but got samples {shape} that are not pictures; "
+                             "use a vector reward such as analytic_hit")
         if images.ndim == 5 and shape[2] == 3:
             if self.modality == "image":
                 raise ValueError(
@@ -116,6 +136,16 @@ class Reward:
                     "map [-1, 1] model output with (x / 2 + 0.5).clamp(0, 1)"
                 )
         return (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+
+    def to_float32(self, x: torch.Tensor) -> torch.Tensor:
+        """Validate samples [B, d] of a vector reward (finite floats) and return them as float32."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"{self.name}: samples must be a float torch.Tensor [B, d], got "
+                            f"{getattr(x, 'dtype', type(x).__name__)}")
+        self._check_shape(x)
+        if x.numel() and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{self.name}: samples contain NaN or inf")
+        return x.detach().float()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, modality={self.modality!r})"

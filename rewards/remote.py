@@ -100,6 +100,9 @@ class RewardServer:
                  max_in_flight: int = 16, allow_non_loopback: bool = False):
         if not isinstance(reward, Reward):
             raise TypeError(f"RewardServer hosts a rewards.base.Reward, got {type(reward).__name__}")
+        if reward.modality == "vector":
+            raise ValueError(f"the reward server carries images and videos; {reward.name!r} scores vectors "
+                             "(the analytic world): run it in the training process instead")
         if not is_loopback(host) and not allow_non_loopback:
             raise ValueError(
                 f"refusing to bind {host!r}: the reward server binds loopback only unless allow_non_loopback=True "

@@ -41,7 +41,7 @@ def test_eval_reads_txt_and_jsonl_prompt_files(capsys, tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["eval", "--prompts", "nope.txt"], "neither 'toy-eval'"),
+        (["eval", "--prompts", "nope.txt"], "neither a built-in set (toy-train"),
         (["eval", "--model", "no_such_model"], "is not a YAML file nor one of"),
     ],
 )

@@ -291,6 +291,9 @@ def test_group_zscore_hand_example_group_and_global_std():
     adv, _ = group_zscore(rewards, groups, std="global")
     b = 0.5 / (math.sqrt(1.25) + 1e-4)
     close(adv, [-b, b, -b, b])
+    # none (Dr. GRPO): the group-mean baseline alone, the reward's scale kept
+    adv, _ = group_zscore(rewards, groups, std="none")
+    assert adv.tolist() == [-0.5, 0.5, -0.5, 0.5]
     with pytest.raises(ValueError, match="std="):
         group_zscore(rewards, groups, std="batch")
 
@@ -370,6 +373,14 @@ def test_plain_weighted_sum_is_dominated_by_the_large_scale_reward():
 def test_combine_rewards_single_reward_passthrough_and_bad_mode():
     one = R0.unsqueeze(1)
     assert torch.equal(combine_rewards(one, torch.ones(1), GROUPS6, "gdpo", 1e-4), R0)
+    # a single reward is scaled by its weight: −1 minimises it, and every advantage rule is odd in the
+    # signal, so its advantages are exactly the negated ones (group z-score and BranchGRPO depth-wise)
+    flipped = combine_rewards(one, -torch.ones(1), GROUPS6, "gdpo", 1e-4)
+    assert torch.equal(flipped, -R0)
+    for std in ("group", "global", "none"):
+        assert torch.equal(group_zscore(flipped, GROUPS6, std)[0], -group_zscore(R0, GROUPS6, std)[0])
+    depth = torch.tensor([0, 1, 1, 2, 2, 2])
+    assert torch.equal(tree_advantages(-R0.view(1, -1), depth), -tree_advantages(R0.view(1, -1), depth))
     with pytest.raises(ValueError, match="multi_reward"):
         combine_rewards(torch.stack([R0, R1], 1), W, GROUPS6, "product", 1e-4)
 

@@ -64,7 +64,7 @@ def test_unknown_key_names_the_key_and_a_fix():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"family": "hunyuan"}, r"'family' is 'hunyuan'; allowed: flux, sd3, wan"),
+        ({"family": "hunyuan"}, r"'family' is 'hunyuan'; allowed: analytic, flux, sd3, wan"),
         ({"family": "wan", "num_frames": 80}, r"'num_frames' is 80; allowed: 4k \+ 1 for 'wan'.*77 or 81"),
         ({"num_frames": 9}, r"'num_frames' is 9; allowed: 1 for the image family 'sd3'"),
         ({"width": 0}, r"'width' is 0"),

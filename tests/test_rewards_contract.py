@@ -111,12 +111,12 @@ def test_registry_names_resolve_to_reward_classes():
 
     expected = {"toy", "pickscore", "clipscore", "hpsv2", "imagereward", "aesthetic", "jpeg_compressibility",
                 "jpeg_incompressibility", "ocr", "per_frame", "temporal_consistency", "videoalign", "remote",
-                "vlm_judge"}
+                "vlm_judge", "analytic_hit", "analytic_smooth"}
     assert expected <= set(REGISTRY)
     for name, target in REGISTRY.items():
         cls = import_object(target)
         assert issubclass(cls, Reward), name
-        assert cls.modality in ("image", "video", "both"), name
+        assert cls.modality in ("image", "video", "both", "vector"), name
     assert load_reward("toy").name == "toy"
     assert load_reward("jpeg_compressibility", quality=80).quality == 80
 

@@ -175,6 +175,23 @@ class FlowModel:
         cfg = self.config
         self.device = resolve_device(cfg.device)
         self.dtype = DTYPES[cfg.dtype]
+        self._load_components()
+        self.latent_shape()  # fail now if the resolution does not fit the model
+        self.shift: float = float(cfg.shift) if cfg.shift is not None else self._scheduler_shift()
+        self._negative: Optional[tuple] = None  # cached unconditional embedding
+        self._reference_transformer: Optional[torch.nn.Module] = None
+        self._in_reference = False
+        self._setup_finetune()
+        # what velocity() calls for the policy: the trainer may set it to the DDP/FSDP-wrapped
+        # transformer (accelerator.prepare(model.transformer)) so gradients synchronise
+        self.forward_module: torch.nn.Module = self.transformer
+
+    # ---------------------------------------------------------------- set-up
+    def _load_components(self) -> None:
+        """Load the family's components onto ``self.device``, frozen and in eval mode, and set
+        ``self.transformer``: the network fine-tuning trains. Diffusers families load their pipeline
+        with ``from_pretrained``; a family without one (the analytic world) overrides this."""
+        cfg = self.config
         self.pipeline = self.pipeline_class.from_pretrained(
             resolve_pretrained(cfg.pretrained),
             revision=cfg.revision,
@@ -190,17 +207,7 @@ class FlowModel:
         self.vae = self.pipeline.vae
         self._num_train_timesteps = int(self.pipeline.scheduler.config.num_train_timesteps)
         set_attention_backend(self.transformer, cfg.attention_backend)
-        self.latent_shape()  # fail now if the resolution does not fit the model
-        self.shift: float = float(cfg.shift) if cfg.shift is not None else self._scheduler_shift()
-        self._negative: Optional[tuple] = None  # cached unconditional embedding
-        self._reference_transformer: Optional[torch.nn.Module] = None
-        self._in_reference = False
-        self._setup_finetune()
-        # what velocity() calls for the policy: the trainer may set it to the DDP/FSDP-wrapped
-        # transformer (accelerator.prepare(model.transformer)) so gradients synchronise
-        self.forward_module: torch.nn.Module = self.transformer
 
-    # ---------------------------------------------------------------- set-up
     def _setup_finetune(self) -> None:
         cfg = self.config
         mode = cfg.reference
@@ -371,6 +378,13 @@ class FlowModel:
         latents = latents.to(self.device, self.vae.dtype) / vae_config.scaling_factor + vae_config.shift_factor
         images = self.vae.decode(latents, return_dict=False)[0]
         return self.pipeline.image_processor.postprocess(images, output_type="pt").float()
+
+    def preview(self, media: torch.Tensor, groups: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        """What the run directory (and so the gallery) shows of N decoded samples: pixel families
+        show their images [N, 3, H, W] or videos [N, F, 3, H, W] as they are; a family whose samples
+        are not pictures draws them (the analytic world: a scatter plot per sample, among the
+        other samples of its group ``groups`` [N])."""
+        return media
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         """Images [N, 3, H, W] in [0, 1] -> latents float32 [N, C, h, w] (VAE mean, scaled for the transformer)."""

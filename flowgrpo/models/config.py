@@ -38,6 +38,7 @@ _FAMILIES: dict[str, str] = {
     "sd3": "flowgrpo.models.sd3:SD3Model",
     "flux": "flowgrpo.models.flux:FluxModel",
     "wan": "flowgrpo.models.wan:WanModel",
+    "analytic": "flowgrpo.models.analytic:AnalyticModel",
 }
 # video families -> their VAE's temporal compression (num_frames must be k * factor + 1)
 _VIDEO_FAMILIES: dict[str, int] = {"wan": 4}
@@ -47,7 +48,9 @@ _VIDEO_FAMILIES: dict[str, int] = {"wan": 4}
 class ModelConfig:
     """Which model to load and how to fine-tune it (the ``model:`` block of a run config)."""
 
-    family: str = "sd3"  # adapter family: "sd3" (SD3 / SD3.5) | "flux" (FLUX.1) | "wan" (Wan2.1 T2V); see register_family
+    # adapter family: "sd3" (SD3 / SD3.5) | "flux" (FLUX.1) | "wan" (Wan2.1 T2V) | "analytic" (the Gaussian-mixture
+    # world with an exact velocity, docs/analytic_world.md); see register_family
+    family: str = "sd3"
     pretrained: str = "tiny-sd3"  # hub id, local folder saved with save_pretrained, or built-in name
     revision: Optional[str] = None  # hub revision (branch, tag or commit) of `pretrained`
     dtype: str = "float32"  # weights dtype of transformer and text encoders: float32 | bfloat16 | float16
@@ -56,6 +59,7 @@ class ModelConfig:
     width: Optional[int] = None  # width in pixels when it differs from `resolution` (Wan2.1: 480 x 832)
     # frames per video for video families (Wan: 4k + 1, e.g. 81; the toy model: 9); image families: 1
     num_frames: int = 1
+    dim: int = 2  # the analytic family: dimension d of its samples (other families ignore it)
     guidance_scale: float = 4.5  # SD3: CFG scale (>1 batches [uncond; cond]); FLUX.1-dev: embedded guidance
     max_sequence_length: int = 16  # T5 text tokens (tiny model: 16; SD3.5: 256; FLUX: 512)
     sample_steps: int = 40  # default number of ODE steps for evaluation sampling
@@ -138,7 +142,7 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
         raise bad("dtype", ", ".join(DTYPES))
     if not _DEVICE_PATTERN.match(config.device):
         raise bad("device", "auto, cpu, cuda, cuda:<index>, mps")
-    for key in ("resolution", "max_sequence_length", "sample_steps", "lora_rank", "num_frames"):
+    for key in ("resolution", "max_sequence_length", "sample_steps", "lora_rank", "num_frames", "dim"):
         if getattr(config, key) < 1:
             raise bad(key, "an integer >= 1")
     if config.width is not None and config.width < 1:
