@@ -68,7 +68,7 @@ def main() -> None:
     for k in range(args.batches):
         batches = trainer.sample(k)
         advantages, stats = trainer.advantages(batches)
-        trainer.update(batches, advantages)
+        trainer.learner.update(batches, advantages)
         grads.append(torch.cat([p.grad.flatten().double() for p in trainer.params if p.grad is not None]))
         rewards.append({key: v for key, v in stats.items() if key.startswith("reward/") and key.endswith("_mean")})
         samples += len(stats["leaf_rewards"])  # scored samples (the leaves of tree plans)

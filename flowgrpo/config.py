@@ -70,6 +70,13 @@ class LossConfig:
 
 
 @dataclass
+class LearnerConfig:
+    # the update rule (flowgrpo/learners/): transition (the denoising-MDP GRPO loss on stored SDE transitions,
+    # MATH.md §3: every plan preset) | diffusion_nft | awm | dgpo (forward-process learners on the clean samples, §5)
+    name: str = "transition"
+
+
+@dataclass
 class TrainConfig:
     iterations: int = 40  # GRPO iterations (rollout + update)
     prompts_per_iteration: int = 8  # prompts per iteration over all processes (each with its whole group)
@@ -122,6 +129,7 @@ class Config:
     rewards: list = field(default_factory=lambda: [RewardSpec()])  # list of RewardSpec
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -216,6 +224,10 @@ def validate(cfg: Config) -> None:
         value = OmegaConf.select(structured, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not allowed; use one of {list(allowed)}")
+    from flowgrpo.learners import LEARNERS
+
+    if cfg.learner.name not in LEARNERS:
+        raise ConfigError(f"learner.name={cfg.learner.name!r} is unknown; use one of {sorted(LEARNERS)}")
     if cfg.sampling.method not in samplers.METHOD_PRESETS:
         raise ConfigError(f"sampling.method={cfg.sampling.method!r} is unknown; use one of {sorted(samplers.METHOD_PRESETS)}")
     if not cfg.rewards:

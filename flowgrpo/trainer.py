@@ -20,7 +20,6 @@ with the same global batch, and a resumed and an uninterrupted run, compute the 
 
 from __future__ import annotations
 
-import math
 import signal
 import time
 from contextlib import nullcontext
@@ -36,8 +35,7 @@ from flowgrpo.checkpoint import (
 )
 from flowgrpo.config import Config, ConfigError, describe_batches, plan_arguments, processes_check, to_yaml
 from flowgrpo.data import read_prompts
-from flowgrpo import ops
-from flowgrpo.loss import clipped_policy_loss, gaussian_kl, step_weights
+from flowgrpo.learners import Advantages, build_learner
 from flowgrpo.run_dir import RunWriter, require_video_writer
 from rewards import REGISTRY, load_reward
 from rewards.common import import_object
@@ -93,11 +91,10 @@ class Trainer:
             window=dict(cfg.sampling.window) or None, seed=t.seed,
         )
         self.prompts, self.metadata = read_prompts(cfg.prompts)
-        self.need_mean = cfg.loss.ratio == "guard" or cfg.loss.rollout_kl_coef > 0
         self.ema = [p.detach().clone() for p in self.params] if t.ema_decay > 0 else None
-        self.anchor = [p.detach().clone() for p in self.params] if cfg.loss.anchor_kl_coef > 0 else None
         self.nfe = samplers.NFECounter()
         self.iteration, self.optimizer_steps, self.skipped_steps = 0, 0, 0
+        self.learner = build_learner(self)  # the update rule (learner.name): flowgrpo/learners/
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
         # rewards of batch b run in a worker thread while batch b+1 samples; a failing reward is
         # retried, then gives NaN for that batch (masked out of the loss) and a warning
@@ -138,12 +135,13 @@ class Trainer:
             idx = [self._dataset_index(iteration, s) for s in slots]
             texts, metadata = [self.prompts[i] for i in idx], [self.metadata[i] for i in idx]
             cond = self.model.encode_prompts(texts)
-            record = samplers.rollout(
-                self._velocity(cond), plan, prompt_ids=slots, latent_shape=self.model.latent_shape(),
-                seed=self.cfg.train.seed, iteration=iteration, dtype=self.model.dtype, device=self.model.device,
-                max_batch=self.cfg.sampling.max_batch, store_mean=self.need_mean, reduce=self.cfg.sampling.reduce,
-                nfe=self.nfe,
-            )
+            with self.learner.sampling_weights():
+                record = samplers.rollout(
+                    self._velocity(cond), plan, prompt_ids=slots, latent_shape=self.model.latent_shape(),
+                    seed=self.cfg.train.seed, iteration=iteration, dtype=self.model.dtype, device=self.model.device,
+                    max_batch=self.cfg.sampling.max_batch, store_mean=self.learner.store_mean,
+                    reduce=self.cfg.sampling.reduce, nfe=self.nfe, transitions=self.learner.needs_transitions,
+                )
             chunk = 64 if self.modality == "image" else 8  # a decoded video weighs F images
             images = torch.cat([self.model.decode(record.leaf_state[i : i + chunk]) for i in range(0, record.num_leaves, chunk)])
             leaf_texts = [texts[p] for p in record.leaf_prompt.tolist()]
@@ -154,8 +152,8 @@ class Trainer:
         return batches
 
     # ---------------------------------------------------------------- ADVANTAGE
-    def advantages(self, batches: list[Batch]) -> tuple[list[torch.Tensor], dict]:
-        """Per-transition advantages [M_b] for each batch (NaN = masked), and stats."""
+    def advantages(self, batches: list[Batch]) -> tuple[Advantages, dict]:
+        """Per-transition [M_b] and per-leaf [L_b] advantages of each batch (NaN = masked), and stats."""
         cfg = self.cfg.advantage
         results = [b.rewards.result() for b in batches]
         for result in results:
@@ -164,7 +162,7 @@ class Trainer:
         local_r = torch.cat([result.matrix().float() for result in results])
         gpp = batches[0].record.groups_per_prompt
         local_g = torch.cat([torch.tensor(b.slots)[b.record.leaf_prompt] * gpp + b.record.leaf_group % gpp for b in batches])
-        all_r, all_g = self._gather(local_r), self._gather(local_g)
+        all_r, all_g = self.gather(local_r), self.gather(local_g)
         signal_all = adv_lib.combine_rewards(all_r, self.reward_weights, all_g, cfg.multi_reward, cfg.eps)
         leaf_adv_all, stats = adv_lib.group_zscore(signal_all, all_g, cfg.std, cfg.eps)
         if all_r.shape[1] > 1 and cfg.multi_reward == "gdpo":
@@ -176,158 +174,43 @@ class Trainer:
         for k, r in enumerate(self.rewards):
             valid = all_r[:, k][~all_r[:, k].isnan()]
             stats[f"reward/{r.name}_std"] = float(valid.std(unbiased=False)) if valid.numel() else float("nan")
-        out, offset = [], 0
+        out, leaves, offset = [], [], 0
+        tree = bool(plan_arguments(self.cfg).get("splits"))
         for b in batches:
             rec, n = b.record, b.record.num_leaves
-            tree = bool(plan_arguments(self.cfg).get("splits"))
             if tree:  # BranchGRPO: depth-wise advantages of node values
                 if cfg.tree_value == "path_weighted":
                     values = adv_lib.path_weighted_values(rec, signal[offset : offset + n], cfg.tree_beta)
                 else:
                     values = rec.node_values(signal[offset : offset + n])
                 node_adv = adv_lib.tree_advantages(values, rec.node_depth, cfg.eps)
-                t_adv = node_adv[rec.prompt, rec.node]
+                t_adv, l_adv = node_adv[rec.prompt, rec.node], node_adv[rec.leaf_prompt, rec.leaf_node]
             else:  # chains and TempFlow siblings: the advantage of the leaf below x'
-                t_adv = rec.transition_values(leaf_adv[offset : offset + n])
+                t_adv, l_adv = rec.transition_values(leaf_adv[offset : offset + n]), leaf_adv[offset : offset + n]
             if cfg.best_of_n:
                 keep = adv_lib.best_of_n_mask(leaf_adv[offset : offset + n], rec.leaf_group, cfg.best_of_n)
                 t_adv = torch.where(rec.transition_values(keep.float()) > 0.5, t_adv, torch.full_like(t_adv, float("nan")))
+                l_adv = torch.where(keep, l_adv, torch.full_like(l_adv, float("nan")))
             out.append(t_adv.clamp(-cfg.clip, cfg.clip))
+            leaves.append(l_adv.clamp(-cfg.clip, cfg.clip))
             offset += n
         # statistics over every process's leaves (identical on 1 or N processes)
         stats.update({"advantage/mean": float(torch.nanmean(leaf_adv_all)),
                       "advantage/abs_mean": float(torch.nanmean(leaf_adv_all.abs())),
                       "leaf_rewards": local_r, "leaf_advantages": leaf_adv})
-        return out, stats
+        return Advantages(out, leaves), stats
 
-    def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.world == 1:
             return tensor
         return self.acc.gather(tensor.to(self.acc.device)).cpu()
 
-    # ---------------------------------------------------------------- UPDATE
-    def update(self, batches: list[Batch], advantages: list[torch.Tensor]) -> dict:
-        cfg, t = self.cfg, self.cfg.train
-        rows = []  # (batch, row, advantage, coefficient, group)
-        for bi, (b, adv) in enumerate(zip(batches, advantages)):
-            rec = b.record
-            weights = rec.loss_weight * step_weights(cfg.loss.step_weight, rec.kernel_names(), rec.sigma, rec.sigma_next, rec.eta)
-            groups = (torch.tensor(b.slots)[rec.prompt] * rec.groups_per_prompt + rec.group % rec.groups_per_prompt).tolist()
-            for r in range(rec.num_transitions):
-                if not math.isnan(float(adv[r])):
-                    rows.append((bi, r, float(adv[r]), float(weights[r]), groups[r]))
-        # normalisation: each group (or tree) weighs the same, whatever its number of transitions
-        counts: dict[int, int] = {}
-        for row in rows:
-            counts[row[4]] = counts.get(row[4], 0) + 1
-        total_groups = int(self._gather(torch.tensor([len(counts)])).sum())
-        total_rows = int(self._gather(torch.tensor([len(rows)])).sum())
-        coef = [w / (counts[g] * max(1, total_groups)) if cfg.loss.normalize == "group" else w / max(1, total_rows)
-                for (_, _, _, w, g) in rows]
-        diag: dict[str, list] = {"loss": [], "log_ratio": [], "ratio_dev_epoch0": [], "clipped_high": [], "clipped_low": [],
-                                 "approx_kl": [], "grad_norm": [], "step": [], "kl": []}
-        group_ids = sorted(counts)
-        skipped_before = self.skipped_steps
-        for epoch in range(t.inner_epochs):
-            order = _seeded_permutation(len(group_ids), t.seed, 11, self.iteration, epoch).tolist()
-            chunks = [set(group_ids[i] for i in order[u :: t.updates_per_epoch]) for u in range(t.updates_per_epoch)]
-            for u, chunk in enumerate(chunks):
-                selected = [i for i, row in enumerate(rows) if row[4] in chunk]
-                self.optimizer.zero_grad(set_to_none=True)
-                for start in range(0, len(selected), t.micro_batch):
-                    part = selected[start : start + t.micro_batch]
-                    loss, d = self._micro_step([rows[i] for i in part], [coef[i] * t.updates_per_epoch for i in part], batches)
-                    self.acc.backward(loss)
-                    for key in ("log_ratio", "clipped_high", "clipped_low", "approx_kl", "kl"):
-                        diag[key].append(d[key])
-                    diag["step"].append(d["step"])
-                    diag["loss"].append(loss.detach().reshape(1))
-                    if epoch == 0 and u == 0:
-                        diag["ratio_dev_epoch0"].append(d["ratio_dev"])
-                diag["grad_norm"].append(torch.tensor([self._optimizer_step()]))
-        cat = {k: torch.cat(v) if v else torch.zeros(0) for k, v in diag.items()}
-        metrics = {
-            "loss": float(cat["loss"].sum()) / max(1, t.inner_epochs),
-            "max_abs_ratio_minus_1_epoch0": float(cat["ratio_dev_epoch0"].max()) if cat["ratio_dev_epoch0"].numel() else 0.0,
-            "clip_frac_high": float(cat["clipped_high"].mean()) if cat["clipped_high"].numel() else 0.0,
-            "clip_frac_low": float(cat["clipped_low"].mean()) if cat["clipped_low"].numel() else 0.0,
-            "approx_kl": float(cat["approx_kl"].mean()) if cat["approx_kl"].numel() else 0.0,
-            "kl_ref": float(cat["kl"].mean()) if cat["kl"].numel() else 0.0,
-            "grad_norm": float(cat["grad_norm"].mean()) if cat["grad_norm"].numel() else 0.0,
-            "trained_transitions": total_rows,
-            "skipped_steps": self.skipped_steps - skipped_before,  # optimizer steps without gradient, not taken
-        }
-        for s in cat["step"].unique().tolist() if cat["step"].numel() else []:
-            lr = cat["log_ratio"][cat["step"] == s]
-            metrics[f"log_ratio_step{s}/mean"] = float(lr.mean())
-            metrics[f"log_ratio_step{s}/std"] = float(lr.std()) if lr.numel() > 1 else 0.0
-        return metrics
-
-    def _micro_step(self, rows, coefs, batches):
-        cfg = self.cfg
-        by_batch: dict[int, list[int]] = {}
-        for i, row in enumerate(rows):
-            by_batch.setdefault(row[0], []).append(i)
-        total = torch.zeros((), device=self.model.device)
-        out = {k: [] for k in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl", "kl", "step")}
-        for bi, members in by_batch.items():
-            b, rec = batches[bi], batches[bi].record
-            r = torch.tensor([rows[i][1] for i in members])
-            adv = torch.tensor([rows[i][2] for i in members], device=self.model.device)
-            c = torch.tensor([coefs[i] for i in members], device=self.model.device)
-            x, sigma, cond = rec.state[r], rec.sigma[r], b.cond.select(rec.cond_index[r])
-            # μ = a·x + b·v per row with the rollout's kernel; std rounded as the rollout rounded it,
-            # so that lp_θ − lp_old is exactly 0 at the rollout policy (reference backend)
-            a, bv, std = ops.transition_coefficients(rec.kernel[r], sigma, rec.sigma_next[r], rec.eta[r])
-            std = std.to(samplers.compute_dtype(x.dtype))
-            anchor_v = ref_v = None
-            if self.anchor is not None:  # before the policy forward: the swap writes the weights in place
-                with torch.no_grad(), self._swapped(self.anchor):
-                    anchor_v = self._train_velocity(x, sigma, cond)
-            if cfg.loss.kl_coef > 0:
-                with torch.no_grad(), self.model.reference():
-                    ref_v = self._train_velocity(x, sigma, cond)
-            v = self._train_velocity(x, sigma, cond)
-            self.nfe.add("train_forward", len(members))
-            self.nfe.add("train_backward", len(members))
-            mean_old = rec.mean[r] if rec.mean is not None else None
-            extra_kl = anchor_v is not None or cfg.loss.rollout_kl_coef > 0
-            terms = ops.transition_terms(
-                x, v, rec.next_state[r], a, bv, std, mu_old=mean_old, v_ref=ref_v, reduce=cfg.sampling.reduce,
-                return_mean=extra_kl, backend=cfg.loss.likelihood_backend,
-            )
-            log_ratio_plain = terms.log_prob - rec.log_prob[r].to(terms.log_prob)
-            if cfg.loss.ratio == "guard":
-                if terms.guard is None:
-                    raise ValueError("loss.ratio=guard needs μ_old stored in the rollout (the trainer asks for it)")
-                log_ratio = terms.guard
-            else:
-                log_ratio = log_ratio_plain
-            loss, d = clipped_policy_loss(log_ratio, log_ratio_plain, adv, cfg.loss.clip_range)
-            kl = torch.zeros_like(loss)
-            if ref_v is not None:
-                kl_ref = terms.kl
-                if cfg.loss.kl_form == "flow_grpo":
-                    kl_ref = kl_ref * (rec.sigma_next[r] - sigma).abs().to(kl_ref)
-                kl = kl + cfg.loss.kl_coef * kl_ref
-            if anchor_v is not None:
-                anchor_mean = ops.kernel_mean(x, anchor_v, a, bv)
-                kl = kl + cfg.loss.anchor_kl_coef * gaussian_kl(terms.mean, anchor_mean, std, cfg.sampling.reduce)
-            if cfg.loss.rollout_kl_coef > 0:
-                kl = kl + cfg.loss.rollout_kl_coef * gaussian_kl(terms.mean, mean_old.to(terms.mean), std, cfg.sampling.reduce)
-            # coefficients are normalised over all processes, so summing gradients over them is exact
-            total = total + (c * (loss + kl)).sum()
-            for key in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl"):
-                out[key].append(d[key].float().cpu())
-            out["kl"].append(kl.detach().float().cpu())
-            out["step"].append(rec.step[r].cpu())
-        return total, {k: torch.cat(v) for k, v in out.items()}
-
-    def _train_velocity(self, x, sigma, cond):
+    # ---------------------------------------------------------------- helpers for learners
+    def train_velocity(self, x, sigma, cond):
         with self.acc.autocast():
             return self.model.velocity(x, sigma, cond, self.cfg.sampling.guidance_scale)
 
-    def _optimizer_step(self) -> float:
+    def optimizer_step(self) -> float:
         grads = [p.grad for p in self.params if p.grad is not None]
         if self.world > 1:
             for g in grads:
@@ -346,10 +229,7 @@ class Trainer:
             with torch.no_grad():
                 for e, p in zip(self.ema, self.params):
                     e.lerp_(p.detach(), 1 - self.cfg.train.ema_decay)
-        if self.anchor is not None and self.optimizer_steps % self.cfg.loss.anchor_refresh == 0:
-            with torch.no_grad():
-                for a, p in zip(self.anchor, self.params):
-                    a.copy_(p)
+        self.learner.after_optimizer_step()
         return float(norm)
 
     class _Swap:
@@ -367,7 +247,7 @@ class Trainer:
                 for p, v in zip(self.params, self.saved):
                     p.copy_(v)
 
-    def _swapped(self, values):
+    def swapped(self, values):
         return self._Swap(self.params, values)
 
     # ---------------------------------------------------------------- EVAL, SAVE, RESUME
@@ -376,7 +256,7 @@ class Trainer:
 
         e = self.cfg.eval
         prompts, metadata = read_prompts(e.prompts, e.limit)
-        context = self._swapped(self.ema) if self.ema is not None else nullcontext()
+        context = self.swapped(self.ema) if self.ema is not None else nullcontext()
         seed = self.cfg.train.seed + 12345
         with context, self.acc.autocast():
             summary, media, scores = evaluate(self.model, prompts, e.reward, metadata, seed=seed, steps=e.steps,
@@ -395,9 +275,9 @@ class Trainer:
         tensors = {f"weights.{n}": p for n, p in zip(self.names, self.params)}
         optim_tensors, _ = optimizer_to_flat(self.optimizer)
         tensors.update(optim_tensors)
-        for prefix, values in (("ema", self.ema), ("anchor", self.anchor)):
-            if values is not None:
-                tensors.update({f"{prefix}.{n}": v for n, v in zip(self.names, values)})
+        if self.ema is not None:
+            tensors.update({f"ema.{n}": v for n, v in zip(self.names, self.ema)})
+        tensors.update(self.learner.state_tensors())
         return tensors
 
     def save(self) -> None:
@@ -406,9 +286,10 @@ class Trainer:
             return
         _, optim_meta = optimizer_to_flat(self.optimizer)
         state = {"iteration": self.iteration, "optimizer_steps": self.optimizer_steps, "optimizer": optim_meta,
-                 "schedule": self.schedule.state_dict(), "nfe": self.nfe.state_dict(), "config": to_yaml(self.cfg)}
+                 "schedule": self.schedule.state_dict(), "nfe": self.nfe.state_dict(), "config": to_yaml(self.cfg),
+                 "learner": self.learner.state_dict()}
         def evaluation_weights(tmp):  # model/: LoRA (diffusers format) or full weights, EMA if kept
-            with self._swapped(self.ema) if self.ema is not None else nullcontext():
+            with self.swapped(self.ema) if self.ema is not None else nullcontext():
                 self.model.save_trainable(tmp / "model")
 
         save_checkpoint(self.cfg.run_dir / "checkpoints" / f"step_{self.iteration}", self.state_tensors(), state,
@@ -424,9 +305,10 @@ class Trainer:
         with torch.no_grad():
             for n, p in zip(self.names, self.params):
                 p.copy_(tensors[f"weights.{n}"])
-            for prefix, values in (("ema", self.ema), ("anchor", self.anchor)):
-                for n, v in zip(self.names, values or []):
-                    v.copy_(tensors[f"{prefix}.{n}"])
+            for n, v in zip(self.names, self.ema or []):
+                v.copy_(tensors[f"ema.{n}"])
+        self.learner.load_state_tensors(tensors)
+        self.learner.load_state_dict(state.get("learner", {}))
         optimizer_from_flat(self.optimizer, tensors, state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self.nfe.load_state_dict(state["nfe"])
@@ -450,7 +332,8 @@ class Trainer:
         advantages, stats = self.advantages(batches)
         times["time/score_wait_and_advantage"] = time.time() - t0
         t0 = time.time()
-        metrics = self.update(batches, advantages)
+        metrics = self.learner.update(batches, advantages)
+        self.learner.after_iteration()
         times["time/update"] = time.time() - t0
         self.iteration = iteration + 1
         leaf_rewards, leaf_adv = stats.pop("leaf_rewards"), stats.pop("leaf_advantages")

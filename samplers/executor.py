@@ -331,13 +331,16 @@ def rollout(
     store_mean: bool = False,
     reduce: str = "mean",
     nfe: NFECounter | None = None,
+    transitions: bool = True,
 ) -> Trajectory:
     """Run ``plan`` for prompts ``prompt_ids`` [P] (their global indices: a seed part) and return the
     trajectory record. ``velocity(x [N, *latent], sigma [N] float32, cond_index [N] long)`` gets
     ``cond_index[p]`` (default p) for rows of prompt p. ``dtype`` is the storage dtype of states;
-    ``store_mean`` keeps μ_old per trained transition; ``nfe`` (optional) accumulates forwards."""
+    ``store_mean`` keeps μ_old per trained transition; ``nfe`` (optional) accumulates forwards.
+    ``transitions=False`` stores no transitions (M = 0) but the same leaves, tree and draws: what a
+    learner that trains on the clean samples alone needs (forward-process learners)."""
     run, roots, final = _run(
-        velocity, plan, True, nfe, prompt_ids=prompt_ids, latent_shape=latent_shape, seed=seed,
+        velocity, plan, transitions, nfe, prompt_ids=prompt_ids, latent_shape=latent_shape, seed=seed,
         iteration=iteration, cond_index=cond_index, dtype=dtype, device=device,
         max_batch=max_batch, store_mean=store_mean, reduce=reduce,
     )
