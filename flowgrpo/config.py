@@ -70,10 +70,59 @@ class LossConfig:
 
 
 @dataclass
+class SoftCopyConfig:
+    """A soft copy θ_c ← λ·θ_c + (1 − λ)·θ of the trained weights, λ = min(rate·(n − delay), max) after
+    ``delay`` optimizer steps n (0 before): NFT's sampling policy, AWM's EMA, DGPO's ema_ref."""
+
+    rate: float = 0.001  # λ grows by this per optimizer step
+    max: float = 0.5  # λ's ceiling
+    delay: int = 0  # optimizer steps with λ = 0 (the copy follows θ exactly)
+
+
+@dataclass
+class NFTConfig:
+    beta: float = 1.0  # β of the implicit policies v± (1.0 in the reference code; 0.1 for OCR)
+    # the sampling policy θ_old, updated after each iteration (reference code's default: λ = min(0.001·n, 0.5))
+    old: SoftCopyConfig = field(default_factory=SoftCopyConfig)
+
+
+@dataclass
+class AWMConfig:
+    weighting: str = "ghuber"  # w in ℓ = −w·mean_D(v − u)²: uniform | t | t2 | huber | ghuber (the reference configs')
+    ghuber_power: float = 0.25  # p of ghuber: ℓ = −t·((m + 1e-10)^p − 1e-10^p)/p, m = mean_D(v − u)²
+    clip_range: float = 1.0  # PPO ε on ρ = exp(ℓ_θ − ℓ_old) (the reference configs' 1.0)
+    ema_kl_coef: float = 0.0  # v-space KL to the EMA of the weights (the reference: 1.0, with kl_coef > 0)
+    sample_with_ema: bool = False  # off-policy: roll out with the EMA weights, ℓ_old from them too
+    ema: SoftCopyConfig = field(default_factory=lambda: SoftCopyConfig(rate=0.001, max=0.3))
+
+
+@dataclass
+class DGPOConfig:
+    beta: float = 100.0  # β_dgpo of the group preference −log σ(−(β/G)·Σ_i A_i·δ_i) (GenEval/OCR; PickScore 10)
+    clip_range: float = 0.01  # a sample's error stops contributing when ρ = exp(e_old − e_θ) leaves 1 ± ε on A's side
+    # ema_ref: the "old" policy of the clip, updated after every optimizer step
+    ema_ref: SoftCopyConfig = field(default_factory=lambda: SoftCopyConfig(rate=0.001, max=0.3))
+
+
+@dataclass
 class LearnerConfig:
     # the update rule (flowgrpo/learners/): transition (the denoising-MDP GRPO loss on stored SDE transitions,
     # MATH.md §3: every plan preset) | diffusion_nft | awm | dgpo (forward-process learners on the clean samples, §5)
     name: str = "transition"
+    # --- forward-process learners: K training draws (t, ε) per sample and inner epoch, x_t = (1 − t)·x0 + t·ε
+    train_times: int = 4  # K
+    time_sampler: str = "plan"  # plan (the rollout grid's σ < 1... σ_{T-1}, without replacement) | uniform | logit_normal
+    time_min: float = 0.0  # training times below are not drawn (DGPO trains only high-noise t)
+    time_max: float = 1.0  # training times above are not drawn
+    logit_mean: float = 0.0  # logit_normal: t = shift(sigmoid(N(mean, std))) with the rollout's time shift
+    logit_std: float = 1.0
+    share_draws: str = "sample"  # sample (each its own t and ε) | group (one t and ε per group and draw: DGPO)
+    train_guidance: str = "conditional"  # conditional (CFG-free training) | cfg (sampling.guidance_scale, as the rollout)
+    adv_max: float = 5.0  # A_max: advantages clipped to ±A_max (NFT's optimality probability, AWM's scale)
+    kl_coef: float = 0.0  # v-space KL to the reference policy: kl_coef·mean_D(v_θ − v_ref)²
+    nft: NFTConfig = field(default_factory=NFTConfig)
+    awm: AWMConfig = field(default_factory=AWMConfig)
+    dgpo: DGPOConfig = field(default_factory=DGPOConfig)
 
 
 @dataclass
@@ -150,6 +199,10 @@ _CHOICES = {
     "loss.normalize": ("group", "transition"),
     "loss.likelihood_backend": ("reference", "fused", "auto"),
     "train.mixed_precision": ("no", "bf16", "fp16"),
+    "learner.time_sampler": ("plan", "uniform", "logit_normal"),
+    "learner.share_draws": ("sample", "group"),
+    "learner.train_guidance": ("conditional", "cfg"),
+    "learner.awm.weighting": ("uniform", "t", "t2", "huber", "ghuber"),
 }
 
 
@@ -233,6 +286,12 @@ def validate(cfg: Config) -> None:
     if not cfg.rewards:
         raise ConfigError("rewards is empty; give at least one, e.g. rewards=[{name: toy}]")
     plan = plan_arguments(cfg)
+    if cfg.learner.name == "transition" and plan.get("kernel") == "ode" and not plan.get("side_steps"):
+        raise ConfigError(
+            f"sampling.method={cfg.sampling.method!r} rolls out with ODE steps only, which leaves the transition learner "
+            "nothing to train; use an SDE plan (e.g. --preset flow_grpo) or a forward-process learner "
+            "(--preset diffusion_nft, awm or dgpo)"
+        )
     group = plan.get("group_size", 1)
     tree = bool(plan.get("splits")) or bool(plan.get("side_steps"))
     if not tree and group < 2:
@@ -260,6 +319,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"log.video_fps={cfg.log.video_fps} must be ≥ 1")
     if cfg.loss.clip_range <= 0:
         raise ConfigError(f"loss.clip_range={cfg.loss.clip_range} must be > 0")
+    lc = cfg.learner
+    if lc.train_times < 1 or not 0 <= lc.time_min < lc.time_max <= 1 or lc.adv_max <= 0:
+        raise ConfigError(f"learner.train_times={lc.train_times} must be ≥ 1, 0 ≤ learner.time_min={lc.time_min} < "
+                          f"learner.time_max={lc.time_max} ≤ 1, and learner.adv_max={lc.adv_max} > 0")
+    if lc.name == "diffusion_nft" and not lc.nft.beta > 0:
+        raise ConfigError(f"learner.nft.beta={lc.nft.beta} must be > 0 (the loss divides by it)")
+    if lc.name == "dgpo" and lc.share_draws != "group":
+        raise ConfigError("learner.name=dgpo compares the members of a group on the same (t, ε): set learner.share_draws=group")
 
 
 def plan_arguments(cfg: Config) -> dict:

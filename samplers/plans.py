@@ -328,6 +328,13 @@ METHOD_PRESETS: dict[str, dict] = {
         plan=dict(num_steps=20, kernel="dance_sde", eta=0.3, splits=(0, 3, 6, 9), branch_factor=2),
         window=dict(size=4, strategy="progressive", interval=25, stride=1),
     ),
+    # deterministic rollouts for the forward-process learners (DiffusionNFT, AWM, DGPO): every step an
+    # ODE step of DPM-Solver++(2M), nothing stored but the leaves; independent x_T per sample (shared
+    # noise would make a group's ODE samples identical)
+    "ode": dict(
+        plan=dict(num_steps=10, kernel="ode", solver="dpmpp_2m", group_size=24, initial_noise="independent"),
+        window=None,
+    ),
     "tempflow_grpo": dict(
         plan=dict(
             num_steps=10,

@@ -1,5 +1,6 @@
-"""Every method preset trains end to end on a tiny SD3: finite losses, ratio == 1 at inner epoch 0,
-trainable parameters change, samples / metrics / checkpoints written per the run-directory contract."""
+"""Every method preset trains end to end on a tiny SD3: finite losses, the learner's contract at inner
+epoch 0 (ratio == 1; DiffusionNFT's v⁺ = v_old), trainable parameters change, samples / metrics /
+checkpoints written per the run-directory contract; and every file in configs/presets/ is covered."""
 
 import json
 import math
@@ -23,7 +24,16 @@ PRESETS = {  # preset -> overrides that keep it small but keep its structure
     "tempflow": {"sampling.plan.num_steps": 4, "sampling.plan.side_steps": "[0,1,2]", "sampling.plan.side_children": 2},
     "grpo_guard": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4},
     "sage": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "loss.anchor_refresh": 1},
+    "diffusion_nft": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
+    "awm": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
+    "dgpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2, "learner.time_min": 0.5},
 }
+
+
+def test_every_preset_file_is_tested_here():
+    from flowgrpo.paths import configs_dir
+
+    assert sorted(PRESETS) == sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -38,6 +38,29 @@ def test_resume_continues_bit_identically(tiny_sd3_dir, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa), [k for k in wa if not torch.equal(wa[k], wb[k])][:5]
 
 
+def test_diffusion_nft_resumes_bit_identically(tiny_sd3_dir, tmp_path):
+    """DiffusionNFT's state goes through the checkpoint: the sampling policy θ_old (old.* tensors; it
+    moves after every iteration), the optimizer, and the forward-process draws (pure functions of the
+    seed, iteration, epoch and sample)."""
+    nft = {**SMALL, "learner.train_times": 3, "train.inner_epochs": 2, "learner.nft.old.rate": 0.2}
+    straight = load_config("diffusion_nft", None, overrides(tiny_sd3_dir, tmp_path / "a", **nft, **{"train.iterations": 4}),
+                           base=PLUGIN_REWARD)
+    Trainer(straight).train()
+    first = load_config("diffusion_nft", None, overrides(tiny_sd3_dir, tmp_path / "b", **nft, **{"train.iterations": 2}),
+                        base=PLUGIN_REWARD)
+    Trainer(first).train()
+    first.train.iterations = 4
+    Trainer(first).train()
+    a, b = _metrics(Path(straight.run_dir)), _metrics(Path(first.run_dir))
+    for key in ("loss", "reward/brightness_mean", "grad_norm", "max_abs_vplus_minus_vold_epoch0"):
+        assert [r.get(key) for r in a] == [r.get(key) for r in b], key
+    assert a[-1]["max_abs_vplus_minus_vold_epoch0"] > 0  # θ_old lags θ after the first iteration
+    wa = load_file(Path(straight.run_dir) / "checkpoints" / "step_4" / "tensors.safetensors")
+    wb = load_file(Path(first.run_dir) / "checkpoints" / "step_4" / "tensors.safetensors")
+    assert wa.keys() == wb.keys() and any(k.startswith("old.") for k in wa)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), [k for k in wa if not torch.equal(wa[k], wb[k])][:5]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -48,6 +71,11 @@ def test_resume_continues_bit_identically(tiny_sd3_dir, tmp_path):
         (["sampling.method=nope"], "sampling.method='nope' is unknown"),
         (["model.pretrained=./does/not/exist"], None),  # checked at load time, below
         (["train.iterations"], "is not key=value"),
+        (["learner.name=ppo"], "learner.name='ppo' is unknown"),
+        (["sampling.method=ode"], "leaves the transition learner nothing to train"),
+        (["learner.name=dgpo"], "set learner.share_draws=group"),
+        (["learner.time_min=0.9", "learner.time_max=0.5"], "learner.time_min=0.9 < learner.time_max=0.5"),
+        (["learner.time_sampler=beta"], "learner.time_sampler='beta' is not allowed"),
     ],
 )
 def test_bad_configs_name_the_fix(args, message):

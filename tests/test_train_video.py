@@ -18,6 +18,9 @@ PRESETS = {  # the image tests' small structures (tests/test_train_presets.py)
     "mixgrpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 8, "sampling.window.interval": 1},
     "branchgrpo": {"sampling.plan.num_steps": 8, "sampling.plan.splits": "[0,3]"},
     "sage": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "loss.anchor_refresh": 1},
+    "diffusion_nft": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
+    "awm": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
+    "dgpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2, "learner.time_min": 0.5},
 }
 VIDEO = {  # the video default's prompts and held-out reward, 5-frame clips (fast); samples and checkpoint at the
     # last iteration only (each MP4 is an ffmpeg process); the gallery is built in the flow_grpo case only

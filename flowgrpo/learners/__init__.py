@@ -14,6 +14,9 @@ from flowgrpo.learners.base import Advantages, Learner
 
 LEARNERS = {
     "transition": "flowgrpo.learners.transition:TransitionLearner",
+    "diffusion_nft": "flowgrpo.learners.nft:NFTLearner",
+    "awm": "flowgrpo.learners.awm:AWMLearner",
+    "dgpo": "flowgrpo.learners.dgpo:DGPOLearner",
 }
 
 

@@ -136,7 +136,8 @@ class TransitionLearner(Learner):
                 with torch.no_grad(), tr.model.reference():
                     ref_v = tr.train_velocity(x, sigma, cond)
             v = tr.train_velocity(x, sigma, cond)
-            tr.nfe.add("train_forward", len(members))
+            # every training-time model call counts: the policy's, and the reference's and anchor's when used
+            tr.nfe.add("train_forward", len(members) * (1 + (anchor_v is not None) + (ref_v is not None)))
             tr.nfe.add("train_backward", len(members))
             mean_old = rec.mean[r] if rec.mean is not None else None
             extra_kl = anchor_v is not None or cfg.loss.rollout_kl_coef > 0
