@@ -2,7 +2,8 @@
 
 With no arguments it trains the embedded default (configs/default.yaml: the shipped tiny SD3 on the
 toy world, on CPU). ``--preset`` picks a method (configs/presets/: flow_grpo, dancegrpo, mixgrpo,
-mixgrpo_flash, branchgrpo, branchgrpo_mix, tempflow, grpo_guard, sage, flow_grpo_fast),
+mixgrpo_flash, branchgrpo, branchgrpo_mix, tempflow, grpo_guard, sage, flow_grpo_fast, and the
+forward-process learners diffusion_nft, awm, dgpo), ``--config configs/analytic.yaml`` the analytic world,
 ``--model`` a model config (configs/models/), and ``key=value`` overrides any field
 (e.g. ``train.iterations=100 sampling.plan.group_size=12``); see flowgrpo/config.py.
 """

@@ -3,7 +3,8 @@
     python benchmarks/bench_methods.py [--minutes 5] [--presets flow_grpo,mixgrpo,...]
 
 Prints, per preset: seconds per iteration by phase (sample, score+advantage, update), rollout and
-training NFEs per iteration, and the held-out toy score reached at fixed times.
+training NFEs per iteration, and the held-out toy score reached at fixed times. The forward-process
+presets (diffusion_nft, awm, dgpo) count every training forward (policy, old policy, reference, EMA).
 """
 
 import argparse
@@ -13,7 +14,7 @@ import time
 from flowgrpo.config import load_config
 from flowgrpo.trainer import Trainer
 
-DEFAULT = "flow_grpo,dancegrpo,mixgrpo,mixgrpo_flash,branchgrpo,branchgrpo_mix,tempflow"
+DEFAULT = "flow_grpo,dancegrpo,mixgrpo,mixgrpo_flash,branchgrpo,branchgrpo_mix,tempflow,diffusion_nft,awm,dgpo"
 
 
 def run(preset: str, minutes: float, checkpoints: list[float]) -> dict:
