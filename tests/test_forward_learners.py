@@ -256,3 +256,39 @@ def test_the_truncated_logit_normal_is_the_logit_normal_restricted_to_the_range(
     grid = torch.linspace(0.3, 0.9, 61)
     gap = ((t[None, :] <= grid[:, None]).float().mean(1) - (direct[None, :] <= grid[:, None]).float().mean(1)).abs().max()
     assert float(gap) < 0.04, float(gap)
+
+
+# ------------------------------------------------------------------------------------------------
+# composition: presets x model configs, forward-process learners x window and tree plans
+# ------------------------------------------------------------------------------------------------
+def test_every_preset_composes_with_every_model_config():
+    from flowgrpo.config import load_config
+    from flowgrpo.models.config import _VIDEO_FAMILIES
+    from flowgrpo.paths import configs_dir
+
+    presets = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
+    models = sorted(p.stem for p in (configs_dir() / "models").glob("*.yaml"))
+    assert {"diffusion_nft", "awm", "dgpo"} <= set(presets) and {"sd3_5_medium", "flux_dev", "wan2_1_t2v_1_3b"} <= set(models)
+    for model in models:
+        family = load_config(None, model, []).model.family
+        default = "default_t2v" if family in _VIDEO_FAMILIES else "default"
+        extra = ["rewards=[{name: analytic_hit}]", "prompts=analytic-train", "eval.reward=analytic_hit"] if family == "analytic" else []
+        for preset in presets:
+            cfg = load_config(preset, model, extra, default=default)
+            assert cfg.model.family == family and cfg.sampling.method
+
+
+@pytest.mark.parametrize("method, plan", [("mixgrpo", "{group_size: 4, num_steps: 8}"),  # its window moves every iteration
+                                          ("branch_grpo", "{group_size: 1, num_steps: 8, splits: [0, 3]}")])
+@pytest.mark.parametrize("learner", ["diffusion_nft", "awm", "dgpo"])
+def test_forward_learners_train_on_window_and_tree_plans(learner, method, plan, tmp_path):
+    """A forward-process learner takes the leaves of any plan: an SDE window for exploration (MixGRPO's, which
+    moves), or a BranchGRPO tree whose 4 leaves per prompt form the group (depth-wise leaf advantages)."""
+    trainer = analytic_trainer(tmp_path, learner, f"sampling.method={method}", f"sampling.plan={plan}", "train.iterations=3",
+                               "learner.train_times=2", "learner.time_min=0.0", "eval.every=0", "log.samples_every=0",
+                               "log.gallery=false", *(["sampling.window.interval=1"] if method == "mixgrpo" else []))
+    before = [p.detach().clone() for p in trainer.params]
+    last = trainer.train()
+    assert last["trained_samples"] == 8 * 4 and torch.isfinite(torch.tensor(last["loss"]))
+    assert not trainer.learner.needs_transitions and last["nfe/train_backward"] == 3 * 8 * 4 * 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params))
