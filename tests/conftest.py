@@ -14,6 +14,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture
+def one_thread():
+    """Small tensors on a busy 2-core machine: a second intra-op thread only adds contention (seen: 3 s →
+    35 s in the marginal tests). Restored after the test. Use with pytestmark = pytest.mark.usefixtures("one_thread")."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_accelerate_state():
     """accelerate keeps one process-wide state: a test that builds an Accelerator(mixed_precision="no")

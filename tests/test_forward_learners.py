@@ -15,6 +15,8 @@ from flowgrpo.learners.dgpo import dgpo_clip_mask, dgpo_group_objective
 from flowgrpo.learners.forward import SoftCopy
 from flowgrpo.learners.nft import nft_loss, optimality_probability
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 
 def close(a, b, rel=1e-6):
     a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)

@@ -37,12 +37,7 @@ BAND = 0.09  # learning rate 0: |final − base| stays below 3 × the std of a d
 FRESH_SEED, BASE_SEED = 777, 555
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def fresh_hit_rate(model, seed: int) -> float:

@@ -20,14 +20,7 @@ M, S0 = 0.5, 0.6
 N_SAMPLES = 4000
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are small (≤ 64k elements): a second intra-op thread only adds contention on a
-    busy 2-core machine (seen: 3 s → 35 s). Restored after each test."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def velocity(x, sigma, cond_index):
