@@ -2,18 +2,18 @@
 
 Each iteration reads top to bottom in five phases:
   SAMPLE     the iteration's plan (samplers.method_schedule) is run by the tree executor for this
-             process's prompts (whole groups per process); leaves are decoded to images [L, 3, H, W]
-             or, for video models, videos [L, F, 3, H, W] (latents are [N, C, h, w] or [N, C, f, h, w];
-             nothing below the decoder looks at their shape).
+             process's prompts (whole groups per process), with the weights the learner samples with;
+             leaves are decoded to images [L, 3, H, W], videos [L, F, 3, H, W] or, for the analytic
+             world, vectors [L, d] (nothing below the decoder looks at the latent's shape).
   SCORE      rewards run in a worker thread while the next rollout batch samples.
   ADVANTAGE  rewards of the whole iteration (gathered over processes) become advantages: group
              z-scores, GDPO for several rewards, BranchGRPO depth-wise tree values; each trained
-             transition takes the advantage of its x' node.
-  UPDATE     inner epochs over the stored transitions: recompute μ_θ with the same kernel the
-             rollout used (flowgrpo.ops: PyTorch reference or the fused op, loss.likelihood_backend), PPO-clip the ratio (plain or GRPO-Guard), weight, add KL terms,
-             normalise per group (or tree), accumulate, all-reduce gradients, step.
-  LOG/SAVE   metrics.jsonl (+ TensorBoard), sample PNGs (videos: MP4s + poster PNGs) with their manifest, held-out evaluation,
-             atomic checkpoints (also on SIGINT/SIGTERM).
+             transition takes the advantage of its x' node, each leaf its own.
+  UPDATE     the learner (learner.name, flowgrpo/learners/) takes its optimizer steps: the transition
+             learner on the stored SDE transitions (PPO-clipped per-step ratios, KL terms), or a
+             forward-process learner (DiffusionNFT, AWM, DGPO) on the clean leaves noised again.
+  LOG/SAVE   metrics.jsonl (+ TensorBoard), samples (PNGs; videos: MP4s + poster PNGs; vectors: scatter
+             plots) with their manifest, held-out evaluation, atomic checkpoints (also on SIGINT/SIGTERM).
 Every random draw is a pure function of (seed, iteration, prompt slot, node), so 1 and N processes
 with the same global batch, and a resumed and an uninterrupted run, compute the same thing.
 """
