@@ -165,6 +165,9 @@ class LogConfig:
     progress: bool = True  # progress bars
     gallery: bool = True  # build the review site (gallery/) into <run>/gallery at the end of the run
     wandb: bool = False  # also log metrics to Weights & Biases (pip install wandb; project "flowgrpo", run = run_name)
+    # measure the gradient noise scale every N iterations from the update's per-micro-batch gradients (0 = never);
+    # logs grad_noise/* and prints one line when the batch is below it (flowgrpo/noise_scale.py)
+    grad_noise_every: int = 10
 
 
 @dataclass

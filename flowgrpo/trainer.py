@@ -36,6 +36,7 @@ from flowgrpo.checkpoint import (
 from flowgrpo.config import Config, ConfigError, describe_batches, plan_arguments, processes_check, to_yaml
 from flowgrpo.data import read_prompts
 from flowgrpo.learners import Advantages, build_learner
+from flowgrpo.noise_scale import GradientProbe, noise_message
 from flowgrpo.run_dir import RunWriter, require_video_writer
 from rewards import REGISTRY, load_reward
 from rewards.common import import_object
@@ -95,6 +96,7 @@ class Trainer:
         self.nfe = samplers.NFECounter()
         self.iteration, self.optimizer_steps, self.skipped_steps = 0, 0, 0
         self.learner = build_learner(self)  # the update rule (learner.name): flowgrpo/learners/
+        self.probe = GradientProbe(self.params)  # the gradient noise scale (log.grad_noise_every)
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
         # rewards of batch b run in a worker thread while batch b+1 samples; a failing reward is
         # retried, then gives NaN for that batch (masked out of the loss) and a warning
@@ -316,6 +318,17 @@ class Trainer:
         self.writer.info(f"resumed from {found[-1]} (iteration {self.iteration})")
         return True
 
+    def _noise_report(self) -> dict:
+        """The running gradient noise scale, in prompts per optimizer step, and one line when the batch is below it."""
+        per_step = self.cfg.train.prompts_per_iteration // self.cfg.train.updates_per_epoch
+        noise = self.probe.scale.value
+        out = {"grad_noise/batch_prompts": per_step}
+        if noise is not None:
+            out["grad_noise/B_noise_prompts"] = noise
+        if len(self.probe.scale.points) >= 3 and (noise is None or noise > per_step):
+            self.writer.info(noise_message(noise, per_step, self.probe.scale.lower_bound))
+        return out
+
     def _on_signal(self, signum, frame):
         self.writer.warn(f"signal {signum}: saving a checkpoint after this iteration, then stopping")
         self._stop = True
@@ -332,8 +345,12 @@ class Trainer:
         advantages, stats = self.advantages(batches)
         times["time/score_wait_and_advantage"] = time.time() - t0
         t0 = time.time()
+        every = cfg.log.grad_noise_every
+        self.probe.active = bool(every) and iteration % every == every - 1
         metrics = self.learner.update(batches, advantages)
         self.learner.after_iteration()
+        if self.probe.active:
+            metrics.update(self._noise_report())
         times["time/update"] = time.time() - t0
         self.iteration = iteration + 1
         leaf_rewards, leaf_adv = stats.pop("leaf_rewards"), stats.pop("leaf_advantages")

@@ -146,28 +146,36 @@ class ForwardLearner(Learner):
         grid = tr.schedule.plan(tr.iteration).sigmas[:-1].to(torch.float32)  # σ_0 … σ_{T−1}, no clean endpoint
         diag: dict[str, list] = {"loss": [], "grad_norm": []}
         contract: list[float] = []
-        skipped_before = tr.skipped_steps
+        skipped_before, probed = tr.skipped_steps, {}
         for epoch in range(t_cfg.inner_epochs):
             order = seeded_permutation(len(group_ids), t_cfg.seed, 13, tr.iteration, epoch).tolist()
             chunks = [[group_ids[i] for i in order[u :: t_cfg.updates_per_epoch]] for u in range(t_cfg.updates_per_epoch)]
             for u, chunk in enumerate(chunks):
                 self.normaliser = self.normalisation(samples, chunk, by_group)
                 tr.optimizer.zero_grad(set_to_none=True)
+                tr.probe.begin_step()
+                # micro-batches of whole groups, about train.micro_batch rows each (a gradient-noise probe: at
+                # least two, up to four, so each is a small-batch gradient over its prompts)
+                limit = t_cfg.micro_batch
+                if tr.probe.active:
+                    limit = min(limit, -(-sum(len(by_group[g]) for g in chunk) * self.cfg.learner.train_times // 4))
                 micro, rows = [], 0
-                for g in chunk + [None]:  # micro-batches of whole groups, about train.micro_batch rows each
+                for g in chunk + [None]:
                     if g is not None:
                         micro.append(g)
                         rows += len(by_group[g]) * self.cfg.learner.train_times
-                    if micro and (g is None or rows >= t_cfg.micro_batch):
+                    if micro and (g is None or rows >= limit):
                         members = [samples[i] for h in micro for i in by_group[h]]
                         loss, d = self.micro_loss(members, batches, epoch, latent, grid, first=epoch == 0 and u == 0)
                         tr.acc.backward(loss)
+                        tr.probe.after_backward(len({s.key[0] for s in members}))
                         diag["loss"].append(loss.detach().reshape(1))
                         for key, value in d.items():
                             diag.setdefault(key, []).append(value.detach().float().reshape(-1).cpu())
                         if epoch == 0 and u == 0 and self.contract_metric:
                             contract.append(float(d[self.contract_metric].max()))
                         micro, rows = [], 0
+                probed = tr.probe.end_step(len({samples[i].key[0] for g in chunk for i in by_group[g]}))
                 diag["grad_norm"].append(torch.tensor([tr.optimizer_step()]))
         cat = {k: torch.cat(v) for k, v in diag.items() if v}
         metrics = {
@@ -179,6 +187,7 @@ class ForwardLearner(Learner):
         metrics.update({f"{self.name}/{k}": float(v.mean()) for k, v in cat.items() if k not in ("loss", "grad_norm")})
         if self.contract_metric:
             metrics[f"{self.contract_metric}_epoch0"] = max(contract) if contract else 0.0
+        metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
         return metrics
 
     def normalisation(self, samples: list[Sample], chunk: list[int], by_group: dict) -> float:

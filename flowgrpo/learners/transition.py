@@ -55,14 +55,16 @@ class TransitionLearner(Learner):
 
     def update(self, batches: list, advantages: Advantages) -> dict:
         tr, cfg, t = self.trainer, self.cfg, self.cfg.train
-        rows = []  # (batch, row, advantage, coefficient, group)
+        rows = []  # (batch, row, advantage, coefficient, group, prompt slot)
         for bi, (b, adv) in enumerate(zip(batches, advantages.transitions)):
             rec = b.record
             weights = rec.loss_weight * step_weights(cfg.loss.step_weight, rec.kernel_names(), rec.sigma, rec.sigma_next, rec.eta)
-            groups = (torch.tensor(b.slots)[rec.prompt] * rec.groups_per_prompt + rec.group % rec.groups_per_prompt).tolist()
+            slots = torch.tensor(b.slots)[rec.prompt]
+            groups = (slots * rec.groups_per_prompt + rec.group % rec.groups_per_prompt).tolist()
+            slots = slots.tolist()
             for r in range(rec.num_transitions):
                 if not math.isnan(float(adv[r])):
-                    rows.append((bi, r, float(adv[r]), float(weights[r]), groups[r]))
+                    rows.append((bi, r, float(adv[r]), float(weights[r]), groups[r], slots[r]))
         # normalisation: each group (or tree) weighs the same, whatever its number of transitions
         counts: dict[int, int] = {}
         for row in rows:
@@ -70,27 +72,29 @@ class TransitionLearner(Learner):
         total_groups = int(tr.gather(torch.tensor([len(counts)])).sum())
         total_rows = int(tr.gather(torch.tensor([len(rows)])).sum())
         coef = [w / (counts[g] * max(1, total_groups)) if cfg.loss.normalize == "group" else w / max(1, total_rows)
-                for (_, _, _, w, g) in rows]
+                for (_, _, _, w, g, _) in rows]
         diag: dict[str, list] = {"loss": [], "log_ratio": [], "ratio_dev_epoch0": [], "clipped_high": [], "clipped_low": [],
                                  "approx_kl": [], "grad_norm": [], "step": [], "kl": []}
         group_ids = sorted(counts)
-        skipped_before = tr.skipped_steps
+        skipped_before, probed = tr.skipped_steps, {}
         for epoch in range(t.inner_epochs):
             order = seeded_permutation(len(group_ids), t.seed, 11, tr.iteration, epoch).tolist()
             chunks = [set(group_ids[i] for i in order[u :: t.updates_per_epoch]) for u in range(t.updates_per_epoch)]
             for u, chunk in enumerate(chunks):
                 selected = [i for i, row in enumerate(rows) if row[4] in chunk]
                 tr.optimizer.zero_grad(set_to_none=True)
-                for start in range(0, len(selected), t.micro_batch):
-                    part = selected[start : start + t.micro_batch]
+                tr.probe.begin_step()
+                for part in self._micro_batches(selected, rows, t.micro_batch, tr.probe.active):
                     loss, d = self._micro_step([rows[i] for i in part], [coef[i] * t.updates_per_epoch for i in part], batches)
                     tr.acc.backward(loss)
+                    tr.probe.after_backward(len({rows[i][5] for i in part}))
                     for key in ("log_ratio", "clipped_high", "clipped_low", "approx_kl", "kl"):
                         diag[key].append(d[key])
                     diag["step"].append(d["step"])
                     diag["loss"].append(loss.detach().reshape(1))
                     if epoch == 0 and u == 0:
                         diag["ratio_dev_epoch0"].append(d["ratio_dev"])
+                probed = tr.probe.end_step(len({rows[i][5] for i in selected}))
                 diag["grad_norm"].append(torch.tensor([tr.optimizer_step()]))
         cat = {k: torch.cat(v) if v else torch.zeros(0) for k, v in diag.items()}
         metrics = {
@@ -104,11 +108,26 @@ class TransitionLearner(Learner):
             "trained_transitions": total_rows,
             "skipped_steps": tr.skipped_steps - skipped_before,  # optimizer steps without gradient, not taken
         }
+        metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
         for s in cat["step"].unique().tolist() if cat["step"].numel() else []:
             lr = cat["log_ratio"][cat["step"] == s]
             metrics[f"log_ratio_step{s}/mean"] = float(lr.mean())
             metrics[f"log_ratio_step{s}/std"] = float(lr.std()) if lr.numel() > 1 else 0.0
         return metrics
+
+    @staticmethod
+    def _micro_batches(selected: list[int], rows: list[tuple], size: int, by_prompt: bool) -> list[list[int]]:
+        """Row indices per micro-batch: ``size`` rows each; for a gradient-noise probe, whole prompts instead,
+        in at least two (up to four) micro-batches, so each is a small-batch gradient over its prompts."""
+        if not by_prompt:
+            return [selected[i : i + size] for i in range(0, len(selected), size)]
+        prompts: dict[int, list[int]] = {}
+        for i in selected:
+            prompts.setdefault(rows[i][5], []).append(i)
+        order = list(prompts)
+        parts = max(1, min(4, len(order)))
+        per = -(-len(order) // parts)
+        return [[i for slot in order[k : k + per] for i in prompts[slot]] for k in range(0, len(order), per)]
 
     def _micro_step(self, rows, coefs, batches):
         tr, cfg = self.trainer, self.cfg
