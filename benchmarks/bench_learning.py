@@ -26,13 +26,25 @@ import argparse
 import json
 import math
 import multiprocessing as mp
+import os
 import statistics
 import tempfile
 import time
 
 
 def one_run(job: tuple) -> dict:
-    """Train one (preset, d, seed) until the target; returns what it took."""
+    """Train one (preset, d, seed) until the target; returns what it took. A run that diverges (NaN
+    samples) or fails counts as not reached, with its error."""
+    try:
+        return _one_run(job)
+    except Exception as err:  # noqa: BLE001 - one failed configuration must not end the benchmark
+        preset, dim, seed, target, max_iterations, eval_every, overrides = job
+        lr = next((float(o.split("=")[1]) for o in overrides if o.startswith("train.learning_rate=")), float("nan"))
+        return {"preset": preset, "dim": dim, "seed": seed, "lr": lr, "reached": False, "iterations": max_iterations,
+                "samples": 0, "nfe": 0, "seconds": 0.0, "last_score": float("nan"), "error": str(err).split("\n")[0]}
+
+
+def _one_run(job: tuple) -> dict:
     preset, dim, seed, target, max_iterations, eval_every, overrides = job
     import torch
 
@@ -86,13 +98,35 @@ def pick(runs: list[dict]) -> tuple:
     return (-reached, samples)
 
 
-def run_all(pool, jobs: list[tuple], label: str) -> list[dict]:
-    out = []
-    for result in pool.imap(one_run, jobs):
+def run_all(pool, jobs: list[tuple], label: str, log: str | None) -> list[dict]:
+    """Run ``jobs``, appending each result to the JSON-lines file ``log``; results already in it are reused."""
+    def key(preset, dim, seed, lr):
+        return (preset, int(dim), int(seed), round(float(lr), 12) if lr == lr else None)
+
+    done = {}
+    if log and os.path.exists(log):
+        with open(log) as f:
+            for line in f:
+                r = json.loads(line)
+                done[key(r["preset"], r["dim"], r["seed"], r["lr"])] = r
+
+    def job_key(job):
+        lr = next((float(o.split("=")[1]) for o in job[6] if o.startswith("train.learning_rate=")), None)
+        return key(job[0], job[1], job[2], lr) if lr is not None else None
+
+    out, todo = [], []
+    for job in jobs:
+        k = job_key(job)
+        (out.append(done[k]) if k in done else todo.append(job))
+    for result in pool.imap(one_run, todo):
         out.append(result)
+        if log:
+            with open(log, "a") as f:
+                f.write(json.dumps(result) + "\n")
+        note = f", {result['error']}" if "error" in result else ""
         print(f"  {label}{result['preset']:15} d={result['dim']:<5} lr {result['lr']:g} seed {result['seed']}: "
               f"{'reached' if result['reached'] else 'not reached'} after {result['iterations']} iterations "
-              f"({result['seconds']:.1f} s, last score {result['last_score']:.3f})", flush=True)
+              f"({result['seconds']:.1f} s, last score {result['last_score']:.3f}{note})", flush=True)
     return out
 
 
@@ -113,6 +147,8 @@ def main() -> None:
     parser.add_argument("--sweep-dims", default="1024", help="dimensions where each preset gets its best learning rate")
     parser.add_argument("--sweep-seeds", default="100,101", help="seeds of the sweep (not among the measured 0..S-1)")
     parser.add_argument("--json", help="also write every run's numbers to this file")
+    parser.add_argument("--log", help="append each run's result to this JSON-lines file as it ends; rerunning with the "
+                                      "same file reuses them (an interrupted benchmark resumes)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides for every run")
     args = parser.parse_args()
     presets = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml")) if args.presets == "all" \
@@ -132,7 +168,7 @@ def main() -> None:
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         jobs = [job(p, d, s, lr) for d in dims if d in sweep_dims for p in presets for lr in sweep_rates for s in sweep_seeds]
         if jobs:
-            sweep_runs = run_all(pool, jobs, "sweep ")
+            sweep_runs = run_all(pool, jobs, "sweep ", args.log)
         for d in dims:
             for p in presets:
                 if d in sweep_dims:
@@ -141,7 +177,8 @@ def main() -> None:
                     chosen[(p, d)] = min(sweep_rates, key=lambda lr: pick(by_rate[lr]))
                 else:
                     chosen[(p, d)] = fixed.get(d)
-        runs = run_all(pool, [job(p, d, s, chosen[(p, d)]) for d in dims for p in presets for s in range(args.seeds)], "")
+        runs = run_all(pool, [job(p, d, s, chosen[(p, d)]) for d in dims for p in presets for s in range(args.seeds)], "",
+                       args.log)
     print(f"\n{len(runs) + len(sweep_runs)} runs in {(time.time() - started) / 60:.1f} min; target hit rate {args.target}, "
           f"cap {args.max_iterations} iterations, evaluated every {args.eval_every}; median [min, max] over seeds "
           f"0..{args.seeds - 1}; learning rate: {args.learning_rates} (d:lr), or the best of {args.sweep} on seeds "

@@ -50,6 +50,9 @@ def generate(
         velocity = model.velocity_fn(cond, guidance_scale)
         index = torch.arange(len(chunk), device=model.device)
         latents = samplers.sample_ode(velocity, x, sigmas, index, solver=solver)
+        if not bool(torch.isfinite(latents).all()):
+            raise RuntimeError("the model's samples are NaN or inf: its weights diverged (in training: lower "
+                               "train.learning_rate or keep train.grad_clip on, and restart from an earlier checkpoint)")
         images.append(model.decode(latents).float().cpu())
     return torch.cat(images)
 

@@ -144,6 +144,12 @@ class Trainer:
                     max_batch=self.cfg.sampling.max_batch, store_mean=self.learner.store_mean,
                     reduce=self.cfg.sampling.reduce, nfe=self.nfe, transitions=self.learner.needs_transitions,
                 )
+            if not bool(torch.isfinite(record.leaf_state).all()):
+                raise RuntimeError(
+                    f"the policy's samples are NaN or inf at iteration {iteration}: training diverged; lower "
+                    f"train.learning_rate (now {self.cfg.train.learning_rate:g}) or keep train.grad_clip on, and restart "
+                    f"from a checkpoint of {self.cfg.run_dir / 'checkpoints'} (or with resume=false)"
+                )
             chunk = 64 if self.modality == "image" else 8  # a decoded video weighs F images
             images = torch.cat([self.model.decode(record.leaf_state[i : i + chunk]) for i in range(0, record.num_leaves, chunk)])
             leaf_texts = [texts[p] for p in record.leaf_prompt.tolist()]
