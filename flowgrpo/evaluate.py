@@ -138,6 +138,36 @@ def best_of_k(scores: torch.Tensor) -> dict:
     return {"samples_per_prompt": K, "mean_over_samples": round(scores.nanmean().item(), 4), "best_of": best}
 
 
+def before_after(first: torch.Tensor, last: torch.Tensor, tasks: list[str] | None = None) -> dict:
+    """Held-out scores of two evaluations of the same prompts and seeds [N] (NaN = not applicable): each
+    mean with its standard error (std/√n), the paired change (mean ± standard error of the per-sample
+    differences, which the shared prompts and noise make much tighter), and per-task means."""
+    def mean_se(x: torch.Tensor) -> tuple[float, float]:
+        x = x[~torch.isnan(x)].double()
+        if x.numel() == 0:
+            return float("nan"), float("nan")
+        return float(x.mean()), float(x.std() / x.numel() ** 0.5) if x.numel() > 1 else float("nan")
+
+    if first.shape != last.shape:
+        raise ValueError(f"before_after needs the same samples twice, got {tuple(first.shape)} and {tuple(last.shape)}")
+    out = {"n": int((~torch.isnan(first) & ~torch.isnan(last)).sum()), "start": mean_se(first), "end": mean_se(last),
+           "change": mean_se(last - first)}
+    if tasks:
+        out["per_task"] = {task: (mean_se(first[mask])[0], mean_se(last[mask])[0])
+                           for task in sorted(set(tasks)) for mask in [torch.tensor([t == task for t in tasks])]}
+    return out
+
+
+def before_after_lines(stats: dict, reward: str, first_iteration: int, last_iteration: int) -> list[str]:
+    """The end-of-run summary of ``before_after`` as printed lines."""
+    (s, s_se), (e, e_se), (c, c_se) = stats["start"], stats["end"], stats["change"]
+    lines = [f"held-out {reward} over {stats['n']} samples: iteration {first_iteration} {s:.3f} ± {s_se:.3f} -> "
+             f"iteration {last_iteration} {e:.3f} ± {e_se:.3f} (change {c:+.3f} ± {c_se:.3f}, same prompts and seeds)"]
+    if stats.get("per_task"):
+        lines.append("  per task: " + ", ".join(f"{task} {a:.3f} -> {b:.3f}" for task, (a, b) in stats["per_task"].items()))
+    return lines
+
+
 def evaluate_toy(model, toy_prompts, *, seed: int = 0, **kwargs) -> dict:
     """:func:`evaluate` on toy prompts (``rewards.toy.ToyPrompt``) with the toy scorer."""
     summary, _, _ = evaluate(

@@ -3,6 +3,7 @@
 runs/<name>/config.yaml                 the resolved config
 runs/<name>/metrics.jsonl               one JSON line per logged iteration (+ TensorBoard events in tb/)
 runs/<name>/train.log                   start-up arithmetic, warnings (e.g. failed reward calls)
+runs/<name>/eval_scores.jsonl           per-sample scores of every held-out evaluation (the before/after summary)
 runs/<name>/checkpoints/step_<n>/       written by flowgrpo.checkpoint
 runs/<name>/samples/step_<n>/           PNGs (images) or H.264 MP4s with a poster PNG (videos) and
                                         manifest.jsonl: one line per sample with prompt, seed, group,
@@ -177,6 +178,23 @@ class RunWriter:
                 **_save_media(folder, f"e{i:04d}", item, fps),
             }))
         (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+
+    def write_eval_scores(self, step: int, scores: torch.Tensor, tasks: list[str] | None) -> None:
+        """Every held-out evaluation's per-sample scores (``eval_scores.jsonl``): the end-of-run
+        before/after summary reads its first and last line (also after a resume)."""
+        if self.enabled:
+            with open(self.dir / "eval_scores.jsonl", "a") as f:
+                f.write(json.dumps({"iteration": step, "scores": [_clean(float(x)) for x in scores],
+                                    "tasks": tasks}) + "\n")
+
+    def read_eval_scores(self) -> list[dict]:
+        path = self.dir / "eval_scores.jsonl"
+        if not path.is_file():
+            return []
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for row in rows:
+            row["scores"] = torch.tensor([float("nan") if x is None else x for x in row["scores"]])
+        return rows
 
     def close(self) -> None:
         if self.tb is not None:

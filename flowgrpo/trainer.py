@@ -269,6 +269,7 @@ class Trainer:
         with context, self.acc.autocast():
             summary, media, scores = evaluate(self.model, prompts, e.reward, metadata, seed=seed, steps=e.steps,
                                               batch_size=e.batch_size, progress=False)
+        self.writer.write_eval_scores(self.iteration, scores, [m.get("task", "all") for m in metadata] if metadata else None)
         n = self.cfg.log.eval_samples
         if n:  # the same first n held-out prompts and seeds every time: the gallery compares steps
             first: dict[str, int] = {}  # samples of the same prompt form a group in the preview
@@ -394,25 +395,49 @@ class Trainer:
             self.writer.log(0, last)
         bar = tqdm(range(self.iteration, cfg.train.iterations), desc="grpo", initial=self.iteration,
                    total=cfg.train.iterations, disable=not (cfg.log.progress and self.acc.is_main_process))
+        recent: list[float] = []  # training reward of the last 5 iterations (the bar's running mean)
+        held_out = last.get("eval/mean_score")
         for iteration in bar:
             last = self.step(iteration)
-            bar.set_postfix(reward=f"{last.get('reward/' + self.rewards[0].name + '_mean', 0):.3f}")
+            recent = (recent + [last.get("reward/" + self.rewards[0].name + "_mean", float("nan"))])[-5:]
+            held_out = last.get("eval/mean_score", held_out)
+            postfix = {"reward": f"{sum(recent) / len(recent):.3f}"}
+            if held_out is not None:
+                postfix["held-out"] = f"{held_out:.3f}"
+            bar.set_postfix(postfix)
             final = self.iteration == cfg.train.iterations
             if final or self._stop or (cfg.log.save_every and self.iteration % cfg.log.save_every == 0):
                 self.save()
             if self._stop:
                 break
+        bar.close()
         self.runner.close()
         self.writer.close()
+        if self.acc.is_main_process:
+            self._summary()
         if cfg.log.gallery and self.acc.is_main_process and (self.writer.dir / "samples").is_dir():
             from gallery.build import build_site
 
             try:
                 site = build_site(self.writer.dir)
                 self.writer.info(f"gallery: {site} (serve it with: python -m gallery {self.writer.dir} --serve)")
+                self.writer.info(f"compare the base model with the last step: open {site}#view=compare (or, served, "
+                                 "http://127.0.0.1:8000/#view=compare)")
             except Exception as err:  # a finished run never fails because of its review site
                 self.writer.warn(f"the gallery could not be built ({err!r}); run: python -m gallery {self.writer.dir}")
         return last
+
+    def _summary(self) -> None:
+        """The end-of-run before/after lines: the first and last held-out evaluation of this run folder."""
+        from flowgrpo.evaluate import before_after, before_after_lines
+
+        evaluations = self.writer.read_eval_scores()
+        if len(evaluations) < 2 or evaluations[0]["scores"].shape != evaluations[-1]["scores"].shape:
+            return
+        first, final = evaluations[0], evaluations[-1]
+        stats = before_after(first["scores"], final["scores"], first.get("tasks"))
+        for line in before_after_lines(stats, self.cfg.eval.reward, first["iteration"], final["iteration"]):
+            self.writer.info(line)
 
 
 def _model_modality(family: str) -> str:

@@ -247,3 +247,21 @@ def test_train_t2i_runs_the_analytic_config_with_any_preset_and_writes_scatter_s
     assert image.size == (128, 128) and image.mode == "RGB"
     assert len(list((run / "samples" / "eval_4").glob("*.png"))) == 64
     assert (run / "gallery" / "index.html").is_file()
+    log = (run / "train.log").read_text()  # the end-of-run summary: before/after with standard errors, and the compare view
+    assert "held-out analytic_hit over 256 samples: iteration 0 " in log and "-> iteration 4 " in log and "per task: half" in log
+    assert "index.html#view=compare" in log
+    assert len((run / "eval_scores.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_diverged_policy_stops_with_one_clear_message(tmp_path):
+    """Learning rate 1e5 without gradient clipping sends the residual network to inf/NaN; the run stops
+    with a message that names the fix (not a reward's complaint about its input)."""
+    from flowgrpo.config import load_config
+    from flowgrpo.paths import configs_dir
+    from flowgrpo.trainer import Trainer
+
+    cfg = load_config(None, None, [f"output_dir={tmp_path}", "log.progress=false", "train.iterations=30", "eval.every=0",
+                                   "log.samples_every=0", "train.learning_rate=1e5", "train.grad_clip=0"],
+                      base=str(configs_dir() / "analytic.yaml"))
+    with pytest.raises(RuntimeError, match=r"NaN or inf.*lower train\.learning_rate"):
+        Trainer(cfg).train()

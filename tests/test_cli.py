@@ -134,3 +134,20 @@ def test_eval_samples_per_prompt_reports_headroom_and_keeps_the_first_seed(capsy
     assert len(list((tmp_path / "imgs" / "seed_2").glob("*.png"))) == 3
     with pytest.raises(SystemExit, match="--samples-per-prompt must be ≥ 1"):
         main([*args, "--samples-per-prompt", "0"])
+
+
+def test_before_after_by_hand():
+    from flowgrpo.evaluate import before_after, before_after_lines
+
+    first = torch.tensor([0.0, 1.0, 0.5, float("nan")])
+    last = torch.tensor([1.0, 1.0, 0.5, 0.2])
+    stats = before_after(first, last, ["a", "a", "b", "b"])
+    # start: [0, 1, 0.5] mean 0.5, std 0.5, se 0.5/√3; end: [1, 1, 0.5, 0.2] mean 0.675; change: [1, 0, 0] mean 1/3
+    assert stats["n"] == 3 and stats["start"][0] == pytest.approx(0.5) and stats["start"][1] == pytest.approx(0.5 / 3**0.5)
+    assert stats["end"][0] == pytest.approx(0.675) and stats["change"][0] == pytest.approx(1 / 3)
+    assert stats["change"][1] == pytest.approx((1 / 3) ** 0.5 / 3**0.5)  # std of [1, 0, 0] is √(1/3)
+    assert stats["per_task"] == {"a": pytest.approx((0.5, 1.0)), "b": pytest.approx((0.5, 0.35))}
+    lines = before_after_lines(stats, "toy", 0, 40)
+    assert lines[0].startswith("held-out toy over 3 samples: iteration 0 0.500 ± 0.289 -> iteration 40 0.675") and "+0.333" in lines[0]
+    with pytest.raises(ValueError, match="same samples twice"):
+        before_after(first, last[:2])
