@@ -14,6 +14,7 @@ from rewards.common import import_object
 REGISTRY: dict[str, str] = {
     "toy": "rewards.toy.scorer:ToyScorer",
     "toy_video": "rewards.toy.video_scorer:ToyVideoScorer",
+    "toy_dense": "rewards.toy.dense:ToyDense",
     "analytic_hit": "rewards.analytic:AnalyticHit",
     "analytic_smooth": "rewards.analytic:AnalyticSmooth",
     "pickscore": "rewards.clip_rewards:PickScore",
