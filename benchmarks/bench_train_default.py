@@ -26,7 +26,7 @@ TARGET = {"image": 0.15, "video": 0.10}
 
 
 def run_seed(job: tuple) -> dict:
-    seed, video, minutes, eval_every, overrides, threads = job
+    seed, video, minutes, eval_every, overrides, threads, preset, tag = job
     import torch
 
     if threads:
@@ -35,8 +35,8 @@ def run_seed(job: tuple) -> dict:
     from flowgrpo.evaluate import before_after
     from flowgrpo.trainer import Trainer
 
-    name = f"bench-default{'-t2v' if video else ''}-s{seed}"
-    cfg = load_config(None, None, [f"run_name={name}", "resume=false", f"eval.every={eval_every}", f"train.seed={seed}",
+    name = f"bench-default{'-t2v' if video else ''}{tag}-s{seed}"
+    cfg = load_config(preset, None, [f"run_name={name}", "resume=false", f"eval.every={eval_every}", f"train.seed={seed}",
                                    "log.progress=false", *overrides], default="default_t2v" if video else "default")
     cfg.train.iterations = 100000  # the time budget stops the run
     trainer = Trainer(cfg)
@@ -144,18 +144,21 @@ def main() -> None:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; video 0,1)")
     parser.add_argument("--eval-every", type=int, default=5, help="iterations between held-out evaluations")
     parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (then one torch thread each)")
+    parser.add_argument("--preset", default=None, help="a method preset on top of the default (configs/presets/)")
+    parser.add_argument("--tag", default="", help="suffix for the run directories (runs/bench-default<TAG>-s<seed>)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args()
     kind = "video" if args.video else "image"
     minutes = args.minutes or (20.0 if args.video else 15.0)
     seeds = [int(s) for s in (args.seeds or ("0,1" if args.video else "0,1,2")).split(",")]
-    jobs = [(s, args.video, minutes, args.eval_every, args.overrides, 1 if args.jobs > 1 else 0) for s in seeds]
+    jobs = [(s, args.video, minutes, args.eval_every, args.overrides, 1 if args.jobs > 1 else 0,
+             args.preset, args.tag) for s in seeds]
     if args.jobs > 1:
         with mp.get_context("spawn").Pool(args.jobs) as pool:
             results = pool.map(run_seed, jobs)
     else:
         results = [run_seed(job) for job in jobs]
-    out = Path(results[0]["run_dir"]).parent / f"bench-default{'-t2v' if args.video else ''}"
+    out = Path(results[0]["run_dir"]).parent / f"bench-default{'-t2v' if args.video else ''}{args.tag}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.json").write_text(json.dumps([{k: v for k, v in r.items()} for r in results], indent=1))
     target = TARGET[kind]
