@@ -14,7 +14,9 @@ import time
 from flowgrpo.config import load_config
 from flowgrpo.trainer import Trainer
 
-DEFAULT = "flow_grpo,dancegrpo,mixgrpo,mixgrpo_flash,branchgrpo,branchgrpo_mix,tempflow,diffusion_nft,awm,dgpo"
+from pathlib import Path
+
+DEFAULT = ",".join(sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "presets").glob("*.yaml")))
 
 
 def run(preset: str, minutes: float, checkpoints: list[float]) -> dict:
@@ -45,7 +47,7 @@ def run(preset: str, minutes: float, checkpoints: list[float]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=5.0)
-    parser.add_argument("--presets", default=DEFAULT)
+    parser.add_argument("--presets", default=DEFAULT, help="comma-separated (default: every file in configs/presets)")
     args = parser.parse_args()
     checkpoints = [args.minutes / 2, args.minutes]
     rows = [run(p, args.minutes, checkpoints) for p in args.presets.split(",")]

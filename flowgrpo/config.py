@@ -266,7 +266,11 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
             raise ConfigError(f"bad config value: {exc}") from None
     cfg: Config = OmegaConf.to_object(merged)
     cfg.model = validate_model_config(cfg.model)
-    cfg.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in cfg.rewards]
+    try:
+        cfg.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in cfg.rewards]
+    except TypeError:
+        raise ConfigError(f"rewards={cfg.rewards!r}: write each reward as {{name: NAME, weight: W}} (with a space after "
+                          "each colon, or YAML reads 'name:toy' as one key), e.g. rewards='[{name: toy_dense, weight: 1.0}]'") from None
     validate(cfg)
     return cfg
 

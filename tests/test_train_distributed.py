@@ -21,7 +21,7 @@ from train_fixtures import overrides
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(nproc: int, model_dir: str, out: Path) -> Path:
+def _run(nproc: int, model_dir: str, out: Path, preset: str | None) -> Path:
     args = overrides(model_dir, out, **{"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4,
                                         "train.iterations": 2, "train.prompts_per_iteration": 4,
                                         "train.learning_rate": 1e-4})  # small steps: Adam magnifies rounding
@@ -29,17 +29,19 @@ def _run(nproc: int, model_dir: str, out: Path) -> Path:
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           str(ROOT / "train_t2i.py"), *args]
+           str(ROOT / "train_t2i.py"), *(["--preset", preset] if preset else []), *args]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "tiny-sd3-toy"
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one(tiny_sd3_dir, tmp_path):
-    one, two = _run(1, tiny_sd3_dir, tmp_path / "one"), _run(2, tiny_sd3_dir, tmp_path / "two")
+@pytest.mark.parametrize("preset, counted", [("flow_grpo", "trained_transitions"), (None, "trained_samples")])
+def test_two_processes_equal_one(tiny_sd3_dir, tmp_path, preset, counted):
+    """Both families of learners: the transition learner (Flow-GRPO) and the default's forward-process one (NFT)."""
+    one, two = _run(1, tiny_sd3_dir, tmp_path / "one", preset), _run(2, tiny_sd3_dir, tmp_path / "two", preset)
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
-    tolerance = {"reward/brightness_mean": 1e-5, "trained_transitions": 0, "advantage/abs_mean": 2e-3, "grad_norm": 2e-3}
+    tolerance = {"reward/brightness_mean": 1e-5, counted: 0, "advantage/abs_mean": 2e-3, "grad_norm": 2e-3}
     for key, rel in tolerance.items():
         a, b = [r[key] for r in rows[0]], [r[key] for r in rows[1]]
         assert a == pytest.approx(b, rel=rel, abs=1e-7), key
