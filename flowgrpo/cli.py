@@ -3,6 +3,8 @@
   flowgrpo eval          sample a prompt set with a model (or a trained checkpoint), score it with a
                          reward and print a JSON summary: mean score, strict accuracy, per-task
                          means, number of images, seconds
+  flowgrpo gallery       build (or --serve) the sample review site of a run directory (the same as
+                         ``python -m gallery`` and ``flowgrpo-gallery``)
   flowgrpo pretrain-toy  (re)build the embedded tiny SD3 model on the toy world (resumable)
   flowgrpo pretrain-toy-video  (re)build the embedded tiny Wan2.1 model on the toy video world (resumable)
 
@@ -143,9 +145,23 @@ def _add_pretrain_options(parser: argparse.ArgumentParser, config_class=None) ->
                                 help=f"default: {f.default}")
 
 
+_EPILOG = """training (not a flowgrpo command):
+  accelerate launch train_t2i.py [--preset NAME] [--model NAME] [key=value ...]   text-to-image
+  accelerate launch train_t2v.py [--preset NAME] [--model NAME] [key=value ...]   text-to-video
+  (train_t2i.py --help lists the presets and model configs)
+config keys: flowgrpo/config.py; bad input and its messages: docs/errors.md"""
+
+
+def cmd_gallery(argv: list[str]) -> int:
+    from gallery.cli import main as gallery_main
+
+    return gallery_main(argv)  # its usage line says flowgrpo-gallery: the same command
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__.split("\n\nRun ")[0], epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,gallery,pretrain-toy,pretrain-toy-video}")
 
     ev = sub.add_parser("eval", help="score a model or checkpoint on a prompt set with a reward")
     ev.add_argument("--model", default="tiny_sd3", help="model config: a YAML file or a name in configs/models (default tiny_sd3)")
@@ -170,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--output", help="also write the JSON summary to this file")
     ev.set_defaults(func=cmd_eval)
 
+    # listed here; its arguments are the gallery's own (main() hands them over before parsing)
+    sub.add_parser("gallery", add_help=False, help="build (or --serve) the review site of a run directory: "
+                   "flowgrpo gallery RUN_DIR [--serve] (= python -m gallery)")
+
     pre = sub.add_parser("pretrain-toy", help="build the embedded tiny SD3 model on the toy world (resumable)")
     _add_pretrain_options(pre)
     pre.set_defaults(func=cmd_pretrain_toy)
@@ -184,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gallery"]:
+        return cmd_gallery(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

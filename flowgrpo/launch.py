@@ -5,22 +5,54 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
+from pathlib import Path
 
 from flowgrpo.config import ConfigError, load_config
-from flowgrpo.paths import resolve_pretrained
+from flowgrpo.paths import configs_dir, resolve_pretrained
+
+
+def _names(folder: str) -> list[str]:
+    """The YAML files of configs/<folder>/, by name (read at run time: a new preset file is listed at once)."""
+    try:
+        root = configs_dir() / folder
+    except FileNotFoundError:
+        return []
+    return sorted(p.stem for p in root.glob("*.yaml"))
+
+
+def _epilog(prog: str, default: str) -> str:
+    """What --help shows after the options: every preset and model config, and where each key is explained."""
+    here = Path(__file__).resolve().parent
+    full = [n for n in _names(".") if not n.startswith("default")]
+    wrap = lambda text: textwrap.fill(text, width=100, subsequent_indent="    ", break_on_hyphens=False)  # noqa: E731
+    lines = [
+        wrap(f"presets (--preset NAME, configs/presets/): {', '.join(_names('presets'))}"),
+        wrap(f"models (--model NAME, configs/models/): {', '.join(_names('models'))}"),
+        wrap(f"full configs (--config FILE, configs/): {', '.join(f'configs/{n}.yaml' for n in full)}"),
+        wrap(f"defaults: configs/{default}.yaml; every key (for key=value and the YAML files) is commented in "
+             f"flowgrpo/config.py ({here / 'config.py'}); methods: docs/learner.md; bad input and its messages: "
+             "docs/errors.md"),
+        "",
+        "examples:",
+        f"  accelerate launch {prog} --preset mixgrpo",
+        f"  accelerate launch {prog} --preset grpo_guard train.iterations=100 sampling.plan.group_size=12",
+    ]
+    if prog == "train_t2i.py":
+        lines.append(f"  accelerate launch {prog} --config configs/analytic.yaml      # the analytic world, seconds on CPU")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None, *, prog: str, description: str, default: str) -> int:
     """Parse ``[--preset NAME] [--model NAME] [--config YAML] [key=value ...]``, build the config on
     top of configs/<default>.yaml and train. Exit code 2 (and a message naming the fix) for a bad
     config or a missing model."""
-    from flowgrpo.trainer import train
-
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--preset", help="a method preset name in configs/presets or a YAML file")
-    parser.add_argument("--model", help="a model config name in configs/models or a YAML file")
-    parser.add_argument("--config", help="a full config YAML merged before the preset")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=_epilog(prog, default),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", help="a method preset: a name in configs/presets (listed below) or a YAML file")
+    parser.add_argument("--model", help="a model config: a name in configs/models (listed below) or a YAML file")
+    parser.add_argument("--config", help="a full config YAML (e.g. configs/analytic.yaml) merged before the preset")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of any config key (flowgrpo/config.py)")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.preset, args.model, args.overrides, base=args.config, default=default)
@@ -32,5 +64,7 @@ def main(argv: list[str] | None, *, prog: str, description: str, default: str) -
     except FileNotFoundError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    from flowgrpo.trainer import train  # after parsing: --help and bad arguments answer fast
+
     train(cfg)
     return 0
