@@ -22,13 +22,19 @@ from flowgrpo.advantages import (
     win_rates,
 )
 from flowgrpo.loss import gaussian_kl, guard_log_ratio, ppo_clip, step_weights, transition_loss
+from tolerance import ulp_tolerance
 
 NAN = float("nan")
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
-def close(actual, expected, rtol=1e-6, atol=1e-7):
+def close(actual, expected, rtol=1e-6, atol=None):
+    """atol by default: 8 ulps of the largest expected value in the dtype `actual` was computed in (at least
+    1e-7): an element that should be 0, such as a z-score at the group mean, is a difference of numbers of
+    about that size and rounds like them, which rtol (relative to 0) does not cover."""
     expected = torch.as_tensor(expected, dtype=torch.float64)
+    if atol is None:
+        atol = max(1e-7, ulp_tolerance(expected, 8, actual.dtype))
     torch.testing.assert_close(actual.double(), expected, rtol=rtol, atol=atol, equal_nan=True)
 
 
