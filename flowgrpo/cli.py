@@ -20,14 +20,43 @@ import sys
 from pathlib import Path
 
 
-def _read_prompts(spec: str, limit: int | None) -> tuple[list[str], list[dict] | None]:
-    from flowgrpo.data import PromptFileError, read_prompts
+class UserExit(SystemExit):
+    """Bad input, after its one line was printed: exit status 2 (as argparse's usage errors), and the
+    line as the exception's text for callers of main()."""
 
-    try:
-        prompts, metadata = read_prompts(spec, limit or 0)
-    except PromptFileError as exc:
-        raise SystemExit(f"flowgrpo eval: {exc}") from None
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.code = 2
+
+
+def _read_prompts(spec: str, limit: int | None) -> tuple[list[str], list[dict] | None]:
+    from flowgrpo.data import read_prompts
+
+    prompts, metadata = read_prompts(spec, limit or 0)  # a PromptFileError names the fix
     return prompts, (metadata if any(metadata) else None)
+
+
+def _step(path: Path) -> tuple[str, int]:
+    number = path.name.removeprefix("step_")
+    return str(path.parent), int(number) if number.isdigit() else -1
+
+
+def _checkpoint_folder(spec: str) -> Path:
+    """The folder of --checkpoint whose weights load: a training checkpoint's model/ or the folder itself."""
+    from flowgrpo.errors import UserError
+
+    folder = Path(spec)
+    if not folder.is_dir():  # name the checkpoints that do exist: beside it, or else in ./runs
+        found = sorted(folder.parent.glob("step_*") if folder.parent.is_dir() else Path("runs").glob("*/checkpoints/step_*"),
+                       key=_step)
+        where = f" (found: {', '.join(str(p) for p in found[-6:])})" if found else ""
+        raise UserError(f"--checkpoint {spec!r} does not exist; pass a checkpoint folder such as "
+                        f"runs/<name>/checkpoints/step_<n>{where}")
+    weights = folder / "model" if (folder / "model").is_dir() else folder
+    if not any(weights.glob("*.safetensors")):
+        raise UserError(f"--checkpoint {spec!r} holds no model weights (no model/ folder and no *.safetensors); pass "
+                        "runs/<name>/checkpoints/step_<n> or a folder written by save_trainable (LoRA or full weights)")
+    return weights
 
 
 def _model_config(args) -> dict:
@@ -40,8 +69,10 @@ def _model_config(args) -> dict:
     if not path.is_file():
         path = configs_dir() / "models" / f"{spec.removesuffix('.yaml')}.yaml"
     if not path.is_file():
+        from flowgrpo.errors import UserError
+
         names = sorted(p.stem for p in (configs_dir() / "models").glob("*.yaml"))
-        raise SystemExit(f"flowgrpo eval: --model {spec!r} is not a YAML file nor one of {names}")
+        raise UserError(f"--model {spec!r} is not a YAML file nor one of {names} (configs/models/)")
     cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     run_config = Path(args.checkpoint or "") / "state.json"
     if args.checkpoint and run_config.is_file() and args.model == "tiny_sd3":
@@ -63,15 +94,25 @@ def cmd_eval(args) -> int:
     from flowgrpo.models import load_model
     from rewards import load_reward
 
+    from flowgrpo.errors import UserError, reward_class
+    from flowgrpo.paths import resolve_pretrained
+
     if args.samples_per_prompt < 1:
-        raise SystemExit(f"flowgrpo eval: --samples-per-prompt must be ≥ 1, got {args.samples_per_prompt}")
+        raise UserError(f"--samples-per-prompt must be ≥ 1, got {args.samples_per_prompt}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    # every input is checked before the model loads
+    weights = _checkpoint_folder(args.checkpoint) if args.checkpoint else None
+    reward_class(args.reward, "--reward")
     prompts, metadata = _read_prompts(args.prompts, args.limit)
-    model = load_model(_model_config(args))
-    if args.checkpoint:
-        folder = Path(args.checkpoint)
-        model.load_trainable(folder / "model" if (folder / "model").is_dir() else folder)
+    model_config = _model_config(args)
+    try:
+        resolve_pretrained(model_config["pretrained"])
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+    model = load_model(model_config)
+    if weights is not None:
+        model.load_trainable(weights)
     reward = load_reward(args.reward)
     all_scores = []
     for j in range(args.samples_per_prompt):  # sample j of every prompt uses seed + j
@@ -184,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     ev.add_argument("--save-images", help="write the PNGs and a manifest.jsonl to this folder")
     ev.add_argument("--output", help="also write the JSON summary to this file")
+    ev.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     ev.set_defaults(func=cmd_eval)
 
     # listed here; its arguments are the gallery's own (main() hands them over before parsing)
@@ -192,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pre = sub.add_parser("pretrain-toy", help="build the embedded tiny SD3 model on the toy world (resumable)")
     _add_pretrain_options(pre)
+    pre.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     pre.set_defaults(func=cmd_pretrain_toy)
 
     from flowgrpo.pretrain_video import PretrainVideoConfig
@@ -199,16 +242,28 @@ def build_parser() -> argparse.ArgumentParser:
     pre_video = sub.add_parser("pretrain-toy-video",
                                help="build the embedded tiny Wan2.1 model on the toy video world (resumable)")
     _add_pretrain_options(pre_video, PretrainVideoConfig)
+    pre_video.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     pre_video.set_defaults(func=cmd_pretrain_toy_video)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. Bad input (a UserError) prints one line naming the fix and exits with status 2
+    (UserExit); ``--debug`` shows its traceback instead."""
+    from flowgrpo.errors import UserError
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["gallery"]:
         return cmd_gallery(argv[1:])
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        if getattr(args, "debug", False):
+            raise
+        line = f"flowgrpo {args.command}: error: {exc}"
+        print(line, file=sys.stderr)
+        raise UserExit(line) from None
 
 
 if __name__ == "__main__":

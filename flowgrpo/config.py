@@ -20,6 +20,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from flowgrpo.errors import UserError
 from flowgrpo.models.config import ModelConfig, validate_model_config
 from flowgrpo.paths import configs_dir
 
@@ -209,7 +210,7 @@ _CHOICES = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad configuration; the message names the key, the value and the fix."""
 
 
@@ -263,7 +264,8 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
         except (ConfigKeyError, ValidationError) as exc:
             if isinstance(exc, ConfigKeyError) or "not in" in str(exc):
                 raise ConfigError(_unknown_key_message(exc, schema)) from None
-            raise ConfigError(f"bad config value: {exc}") from None
+            key, first = getattr(exc, "full_key", None), str(exc).splitlines()[0]  # OmegaConf's message has 4 lines
+            raise ConfigError(f"bad value for {key}: {first}" if key else f"bad config value: {first}") from None
     cfg: Config = OmegaConf.to_object(merged)
     cfg.model = validate_model_config(cfg.model)
     try:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from flowgrpo.errors import UserError
 
-class PromptFileError(ValueError):
+
+class PromptFileError(UserError, ValueError):
     """A prompt set that cannot be read; the message names the fix."""
 
 
@@ -53,5 +55,6 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
     if limit:
         prompts, metadata = prompts[:limit], metadata[:limit]
     if not prompts:
-        raise PromptFileError(f"no prompts in {spec!r}")
+        raise PromptFileError(f"no prompts in {spec!r}; write one prompt a line (.txt) or one "
+                              '{"prompt": ...} a line (.jsonl)')
     return prompts, metadata

@@ -8,7 +8,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from flowgrpo.config import ConfigError, load_config
+from flowgrpo.config import load_config
+from flowgrpo.data import PromptFileError, read_prompts
+from flowgrpo.errors import EXIT_USER_ERROR, UserError, reward_class
 from flowgrpo.paths import configs_dir, resolve_pretrained
 
 
@@ -43,28 +45,45 @@ def _epilog(prog: str, default: str) -> str:
     return "\n".join(lines)
 
 
+def preflight(cfg) -> None:
+    """Check what the config names before anything heavy loads (seconds, not a model load later): the
+    model folder or built-in model, the training and evaluation prompt sets, and every reward name.
+    Raises a UserError naming the fix."""
+    try:
+        resolve_pretrained(cfg.model.pretrained)  # a missing built-in model names the command that builds it
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+    read_prompts(cfg.prompts)
+    try:
+        read_prompts(cfg.eval.prompts, cfg.eval.limit)
+    except PromptFileError as exc:
+        raise PromptFileError(f"eval.prompts: {exc}") from None
+    for i, spec in enumerate(cfg.rewards):
+        reward_class(spec.name, f"rewards[{i}].name")
+    reward_class(cfg.eval.reward, "eval.reward")
+
+
 def main(argv: list[str] | None, *, prog: str, description: str, default: str) -> int:
     """Parse ``[--preset NAME] [--model NAME] [--config YAML] [key=value ...]``, build the config on
-    top of configs/<default>.yaml and train. Exit code 2 (and a message naming the fix) for a bad
-    config or a missing model."""
+    top of configs/<default>.yaml and train. Bad input (a UserError: config, prompts, rewards, model
+    path) prints one line naming the fix and returns 2; ``--debug`` raises it with its traceback."""
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=_epilog(prog, default),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help="a method preset: a name in configs/presets (listed below) or a YAML file")
     parser.add_argument("--model", help="a model config: a name in configs/models (listed below) or a YAML file")
     parser.add_argument("--config", help="a full config YAML (e.g. configs/analytic.yaml) merged before the preset")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of any config key (flowgrpo/config.py)")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.preset, args.model, args.overrides, base=args.config, default=default)
-    except ConfigError as exc:
-        print(f"{prog}: configuration error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        resolve_pretrained(cfg.model.pretrained)  # a missing built-in model names the command that builds it
-    except FileNotFoundError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    from flowgrpo.trainer import train  # after parsing: --help and bad arguments answer fast
+        preflight(cfg)
+        from flowgrpo.trainer import train  # after parsing: --help and bad arguments answer fast
 
-    train(cfg)
+        train(cfg)
+    except UserError as exc:
+        if args.debug:
+            raise
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
     return 0

@@ -285,7 +285,9 @@ class FlowModel:
 
     def _check_resolution(self, height: int, width: int, multiple: int) -> None:
         if height % multiple or width % multiple:
-            raise ValueError(
+            from flowgrpo.models.config import ModelConfigError
+
+            raise ModelConfigError(
                 f"image size {height}x{width} does not fit {type(self).__name__}: height and width must be "
                 f"multiples of {multiple} (VAE factor x patch size); change model.resolution (and model.width)"
             )

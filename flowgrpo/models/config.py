@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, List, Optional
 import torch
 
+from flowgrpo.errors import UserError
+
 # Flow-GRPO's LoRA targets: every attention projection of the joint (MM-DiT) blocks. The names are
 # the same in SD3's and FLUX's transformers (FLUX's single-stream blocks have no `to_out`).
 DEFAULT_LORA_TARGETS = (
@@ -100,10 +102,15 @@ def attention_backends() -> list[str]:
     return sorted(b.value for b in AttentionBackendName)
 
 
+class ModelConfigError(UserError, ValueError):
+    """A bad model config value; the message names the key, the allowed values and the fix."""
+
+
 def validate_model_config(cfg: Any = None) -> ModelConfig:
     """Merge a dict / DictConfig / ModelConfig onto the schema and check every value.
 
-    Unknown keys and bad values raise ``ValueError`` naming the key, the allowed values and the fix.
+    Unknown keys and bad values raise ``ModelConfigError`` (a ``ValueError``) naming the key, the allowed
+    values and the fix.
     """
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -121,18 +128,18 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
-            raise ValueError(
+            raise ModelConfigError(
                 f"unknown model config key '{key}': {hint}remove it or use one of: {', '.join(known)}"
             )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or getattr(err, "key", None)
-        raise ValueError(f"bad model config value for '{key}': {err.msg if hasattr(err, 'msg') else err}") from None
+        raise ModelConfigError(f"bad model config value for '{key}': {err.msg if hasattr(err, 'msg') else err}") from None
     config: ModelConfig = OmegaConf.to_object(merged)
 
     def bad(key: str, allowed: str) -> ValueError:
-        return ValueError(f"model config '{key}' is {getattr(config, key)!r}; allowed: {allowed}")
+        return ModelConfigError(f"model config '{key}' is {getattr(config, key)!r}; allowed: {allowed}")
 
     if config.family not in _FAMILIES:
         raise bad("family", ", ".join(families()))
@@ -167,13 +174,13 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
     if config.reference not in REFERENCE_MODES:
         raise bad("reference", ", ".join(REFERENCE_MODES))
     if config.reference == "adapter_disabled" and config.finetune != "lora":
-        raise ValueError(
+        raise ModelConfigError(
             "model config reference='adapter_disabled' needs finetune='lora' (full fine-tuning has no adapter "
             "to disable); use reference: frozen_copy (or auto, or none)"
         )
     backends = attention_backends()
     if config.attention_backend not in backends:
-        raise ValueError(
+        raise ModelConfigError(
             f"model config 'attention_backend' is {config.attention_backend!r}; use 'native' (PyTorch SDPA), "
             f"'xformers' or 'flash' where installed; diffusers knows: {', '.join(backends)}"
         )
