@@ -176,6 +176,9 @@ class Config:
     run_name: str = "tiny-sd3-toy"  # the run folder is <output_dir>/<run_name>
     output_dir: str = "runs"
     resume: bool = True  # continue from the newest checkpoint of the run folder if there is one
+    # a rerun whose config differs from the run folder's in keys that change the experiment (flowgrpo/run_dir.py:
+    # NEUTRAL_KEYS lists the others) is refused; true continues with the change, appended to config_history.jsonl
+    allow_config_change: bool = False
     prompts: str = "toy-train"  # training prompts: toy-train | a .txt or .jsonl file
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -1,6 +1,8 @@
 """The run directory (DESIGN.md: the contract between training and review).
 
-runs/<name>/config.yaml                 the resolved config
+runs/<name>/config.yaml                 the resolved config of the run's first launch (never overwritten)
+runs/<name>/config_history.jsonl        one line per later launch that changed the config: time, iteration,
+                                        the changed keys (old, new) and the full config then in force
 runs/<name>/metrics.jsonl               one JSON line per logged iteration (+ TensorBoard events in tb/)
 runs/<name>/train.log                   start-up arithmetic, warnings (e.g. failed reward calls)
 runs/<name>/eval_scores.jsonl           per-sample scores of every held-out evaluation (the before/after summary)
@@ -20,6 +22,9 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
+
+from flowgrpo.config import ConfigError
 
 
 def require_video_writer() -> None:
@@ -74,6 +79,113 @@ def _save_media(folder: Path, stem: str, media: torch.Tensor, fps: int) -> dict:
     return files
 
 
+# ---------------------------------------------------------------- run identity: one experiment per folder
+# Keys a rerun may change without changing the experiment: it resumes without asking (the change is still
+# recorded in config_history.jsonl). Why each leaves the experiment alone:
+#   run_name, output_dir                  where the folder is (the folder is what is being compared)
+#   resume, allow_config_change           how this launch treats the folder, not what it trains
+#   train.iterations                      extends (or ends early) the same run: every draw is a pure function of
+#                                         (seed, iteration, prompt, node), so iteration n computes the same either way
+#   log.*                                 what is written and how often: checkpoints, samples, TensorBoard, W&B,
+#                                         progress bars, the gallery, gradient-noise probes
+#   eval.every, eval.at_start, eval.batch_size   when, and in what chunks, the same held-out measurement runs
+#                                         (its prompts, limit, steps and reward do change what is measured)
+#   model.device, train.cpu, *.threads    the machine it runs on and how many CPU threads it uses: speed only
+#   sampling.max_batch, train.micro_batch memory chunks of the same computation (rows per model call,
+#                                         gradient accumulation)
+#   loss.likelihood_backend               the same likelihood terms computed by PyTorch or by the fused op (ops.py)
+# Everything else (model, rewards, method and plan, learner, learning rate, batch sizes, seed, prompts, the
+# held-out set, mixed precision, ...) changes what the run computes: refused unless allow_config_change=true.
+NEUTRAL_KEYS = ("run_name", "output_dir", "resume", "allow_config_change", "train.iterations", "log.", "eval.every",
+                "eval.at_start", "eval.batch_size", "model.device", "train.cpu", "sampling.max_batch",
+                "train.micro_batch", "loss.likelihood_backend")
+_UNSET = "(unset)"
+
+
+class RunConfigChanged(ConfigError):
+    """A rerun into a run folder whose config differs in keys that change the experiment."""
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in (tree or {}).items():
+        if isinstance(value, dict):  # an empty dict (e.g. sampling.plan: {}) leaves its keys unset
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+_DEFAULTS: dict = {}
+
+
+def _schema_defaults() -> dict:
+    if not _DEFAULTS:
+        from flowgrpo.config import Config, to_yaml
+
+        _DEFAULTS.update(_flatten(yaml.safe_load(to_yaml(Config()))))
+    return _DEFAULTS
+
+
+def config_differences(saved_yaml: str, new_yaml: str) -> dict[str, tuple]:
+    """Every key whose value differs between two resolved configs (YAML text), as {dotted key: (saved, new)}.
+    A key one of them lacks (a config written before the key existed) counts as the schema's default; lists
+    (rewards) compare whole."""
+    old, new, default = _flatten(yaml.safe_load(saved_yaml)), _flatten(yaml.safe_load(new_yaml)), _schema_defaults()
+    changes = {}
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, default.get(key, _UNSET)), new.get(key, default.get(key, _UNSET))
+        if a != b:
+            changes[key] = (a, b)
+    return changes
+
+
+def _neutral(key: str) -> bool:
+    return key.rsplit(".", 1)[-1] == "threads" or any(
+        key.startswith(n) if n.endswith(".") else key == n for n in NEUTRAL_KEYS)
+
+
+def experiment_keys(changes: dict) -> list[str]:
+    """The changed keys that change the experiment (all but NEUTRAL_KEYS), sorted."""
+    return sorted(key for key in changes if not _neutral(key))
+
+
+def recorded_config(run_dir: Path) -> str | None:
+    """The run folder's config in force: the newest config_history.jsonl entry's, else config.yaml (None: new folder)."""
+    run_dir = Path(run_dir)
+    history = run_dir / "config_history.jsonl"
+    lines = [line for line in history.read_text().splitlines() if line.strip()] if history.is_file() else []
+    if lines:
+        return json.loads(lines[-1])["config"]
+    path = run_dir / "config.yaml"
+    return path.read_text() if path.is_file() else None
+
+
+def _shown(value) -> str:
+    text = value if value == _UNSET else json.dumps(value, default=str)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def check_run_config(run_dir: Path, new_yaml: str, allow_change: bool) -> None:
+    """A rerun into ``run_dir`` must run the same experiment: refuse (naming the differing keys and both fixes)
+    when its config changes a key outside NEUTRAL_KEYS, unless ``allow_change`` (allow_config_change=true)."""
+    run_dir = Path(run_dir)
+    saved = recorded_config(run_dir)
+    if saved is None or allow_change:
+        return
+    changes = config_differences(saved, new_yaml)
+    keys = experiment_keys(changes)
+    if not keys:
+        return
+    free = next(f"{run_dir.name}-{k}" for k in range(2, 10_000) if not (run_dir.parent / f"{run_dir.name}-{k}").exists())
+    lines = "\n".join(f"  {key}: {_shown(changes[key][0])} -> {_shown(changes[key][1])}" for key in keys)
+    raise RunConfigChanged(
+        f"{run_dir} already holds a run with another configuration; these keys differ (the run's -> this command's):\n"
+        f"{lines}\nTo start a new run, give it its own folder: run_name={free}\nTo continue this run with the change, "
+        f"add allow_config_change=true (the change is appended to {run_dir / 'config_history.jsonl'}; config.yaml "
+        "keeps the original)")
+
+
 class RunWriter:
     def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True, wandb: bool = False):
         self.dir, self.enabled = Path(run_dir), enabled
@@ -110,9 +222,27 @@ class RunWriter:
             print(f"warning: {text}", file=sys.stderr)
             self._line(f"WARNING {text}")
 
-    def write_config(self, yaml_text: str) -> None:
-        if self.enabled:
+    def write_config(self, yaml_text: str, iteration: int = 0) -> None:
+        """config.yaml on the first launch; later launches that change the config append the change to
+        config_history.jsonl (``iteration``: where the run continues), so config.yaml is never overwritten."""
+        if not self.enabled:
+            return
+        saved = recorded_config(self.dir)
+        if saved is None:
             (self.dir / "config.yaml").write_text(yaml_text)
+            return
+        changes = config_differences(saved, yaml_text)
+        if not changes:
+            return
+        keys = experiment_keys(changes)
+        if keys:
+            self.warn(f"continuing with a changed configuration (allow_config_change=true): {', '.join(keys)}; "
+                      f"recorded in {self.dir / 'config_history.jsonl'}")
+        entry = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "iteration": iteration,
+                 "changes": {key: list(pair) for key, pair in changes.items()}, "experiment_changes": keys,
+                 "config": yaml_text}
+        with open(self.dir / "config_history.jsonl", "a") as f:
+            f.write(json.dumps(entry, default=str) + "\n")
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:

@@ -37,7 +37,7 @@ from flowgrpo.config import Config, ConfigError, describe_batches, plan_argument
 from flowgrpo.data import read_prompts
 from flowgrpo.learners import Advantages, build_learner
 from flowgrpo.noise_scale import GradientProbe, noise_message
-from flowgrpo.run_dir import RunWriter, require_video_writer
+from flowgrpo.run_dir import RunWriter, check_run_config, require_video_writer
 from rewards import REGISTRY, load_reward
 from rewards.common import import_object
 from rewards.runner import RewardRunner
@@ -70,6 +70,8 @@ class Trainer:
         self.acc = accelerator or Accelerator(cpu=cfg.train.cpu, mixed_precision=cfg.train.mixed_precision)
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         processes_check(cfg, self.world)
+        # one experiment per run folder: a rerun with another config is refused before anything loads
+        check_run_config(cfg.run_dir, to_yaml(cfg), cfg.allow_config_change)
         self.rewards = [load_reward(spec.name, **spec.kwargs) for spec in cfg.rewards]  # fail fast, before the model
         self.modality = _model_modality(cfg.model.family)
         _check_reward_modalities(self.rewards, [spec.name for spec in cfg.rewards], cfg.eval.reward, self.modality)
@@ -383,7 +385,7 @@ class Trainer:
         plan0 = self.schedule.plan(self.iteration)
         counts = plan0.counts() if hasattr(plan0, "counts") else {}
         self.writer.info(describe_batches(cfg, self.world, counts.get("leaves", 0), counts.get("trained", 0)))
-        self.writer.write_config(to_yaml(cfg))
+        self.writer.write_config(to_yaml(cfg), self.iteration)  # a changed config goes to config_history.jsonl
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 signal.signal(sig, self._on_signal)
