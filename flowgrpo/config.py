@@ -141,6 +141,9 @@ class TrainConfig:
     mixed_precision: str = "no"  # accelerate's: no | bf16 | fp16
     seed: int = 0  # every random draw is a pure function of (seed, iteration, prompt, node)
     cpu: bool = False  # force CPU (and make accelerate run distributed on CPU with gloo)
+    # stop the run, naming the reward and its last error, after this many consecutive iterations in which no
+    # sample got a finite reward (a reward that fails on every call); such iterations are never checkpointed (0 = never stop)
+    max_iterations_without_reward: int = 3
 
 
 @dataclass
@@ -327,6 +330,8 @@ def validate(cfg: Config) -> None:
             f"train.updates_per_epoch={t.updates_per_epoch} > train.prompts_per_iteration={t.prompts_per_iteration}: "
             "each update needs at least one whole group; lower updates_per_epoch"
         )
+    if t.max_iterations_without_reward < 0:
+        raise ConfigError(f"train.max_iterations_without_reward={t.max_iterations_without_reward} must be ≥ 0 (0 = never stop)")
     if cfg.log.video_fps < 1:
         raise ConfigError(f"log.video_fps={cfg.log.video_fps} must be ≥ 1")
     if cfg.loss.clip_range <= 0:

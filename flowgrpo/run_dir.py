@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from tqdm.auto import tqdm
 
 from flowgrpo.config import ConfigError
 
@@ -190,6 +191,7 @@ class RunWriter:
     def __init__(self, run_dir: Path, enabled: bool = True, tensorboard: bool = True, wandb: bool = False):
         self.dir, self.enabled = Path(run_dir), enabled
         self.tb = self.wandb = None
+        self._repeats: dict[str, int] = {}  # warning text -> times repeated after its first (console) line
         if not enabled:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -218,9 +220,16 @@ class RunWriter:
             self._line(text)
 
     def warn(self, text: str) -> None:
-        if self.enabled:
-            print(f"warning: {text}", file=sys.stderr)
-            self._line(f"WARNING {text}")
+        """A warning on the console once: an identical one again goes to train.log only, and close() prints how
+        many times it repeated (a reward failing on every batch gives one line, not one per batch)."""
+        if not self.enabled:
+            return
+        self._line(f"WARNING {text}")
+        if text in self._repeats:
+            self._repeats[text] += 1
+            return
+        self._repeats[text] = 0
+        tqdm.write(f"warning: {text}", file=sys.stderr)
 
     def write_config(self, yaml_text: str, iteration: int = 0) -> None:
         """config.yaml on the first launch; later launches that change the config append the change to
@@ -327,6 +336,11 @@ class RunWriter:
         return rows
 
     def close(self) -> None:
+        for text, count in self._repeats.items():
+            if count:
+                tqdm.write(f"warning: repeated {count} more time{'s' if count > 1 else ''}: {text}", file=sys.stderr)
+                self._line(f"WARNING repeated {count} more times: {text}")
+        self._repeats.clear()
         if self.tb is not None:
             self.tb.close()
         if self.wandb is not None:

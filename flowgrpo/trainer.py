@@ -56,6 +56,10 @@ class Batch:
     rewards: object = None  # Future -> [L, K] float32
 
 
+class NoValidRewardError(RuntimeError):
+    """No sample got a valid reward for train.max_iterations_without_reward iterations in a row."""
+
+
 def _seeded_permutation(n: int, *parts: int) -> torch.Tensor:
     return torch.randperm(n, generator=samplers.make_generator(*parts))
 
@@ -101,11 +105,14 @@ class Trainer:
         self.probe = GradientProbe(self.params)  # the gradient noise scale (log.grad_noise_every)
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
         # rewards of batch b run in a worker thread while batch b+1 samples; a failing reward is
-        # retried, then gives NaN for that batch (masked out of the loss) and a warning
+        # retried, then gives NaN for that batch (masked out of the loss) and a warning (advantages() reports it,
+        # once per distinct error); train.max_iterations_without_reward rewardless iterations in a row stop the run
         keys = [f"{r.name}" if [x.name for x in self.rewards].count(r.name) == 1 else f"{r.name}_{i}"
                 for i, r in enumerate(self.rewards)]
         self.runner = RewardRunner({k: (r, spec.weight) for k, r, spec in zip(keys, self.rewards, cfg.rewards)},
-                                   retries=2, backoff_s=0.1, max_workers=1)
+                                   retries=2, backoff_s=0.1, max_workers=1, report_failures=False)
+        self._reward_errors: dict[str, str] = {}  # reward key -> its last error after retries
+        self._rewardless = 0  # consecutive iterations in which no sample got a valid reward
         self._stop = False
 
     # ---------------------------------------------------------------- helpers
@@ -168,6 +175,7 @@ class Trainer:
         results = [b.rewards.result() for b in batches]
         for result in results:
             for key, error in result.errors.items():
+                self._reward_errors[key] = error
                 self.writer.warn(f"reward {key!r} failed on a batch after retries (scores set to NaN): {error}")
         local_r = torch.cat([result.matrix().float() for result in results])
         gpp = batches[0].record.groups_per_prompt
@@ -175,6 +183,7 @@ class Trainer:
         all_r, all_g = self.gather(local_r), self.gather(local_g)
         signal_all = adv_lib.combine_rewards(all_r, self.reward_weights, all_g, cfg.multi_reward, cfg.eps)
         leaf_adv_all, stats = adv_lib.group_zscore(signal_all, all_g, cfg.std, cfg.eps)
+        stats["valid_reward_fraction"] = float(torch.isfinite(signal_all).float().mean())  # over every process's leaves
         if all_r.shape[1] > 1 and cfg.multi_reward == "gdpo":
             leaf_adv_all = signal_all.float()  # GDPO's batch z-score of the summed group z-scores is the advantage
         start = self.rank * local_r.shape[0]
@@ -342,6 +351,26 @@ class Trainer:
         self.writer.warn(f"signal {signum}: saving a checkpoint after this iteration, then stopping")
         self._stop = True
 
+    def _no_reward_message(self, iteration: int, local_rewards: torch.Tensor) -> str:
+        """Which reward gave nothing (local_rewards [L, K]) and its last error, and the two ways on."""
+        n = self.cfg.train.max_iterations_without_reward
+        parts = []
+        for k, (key, spec) in enumerate(zip(self.runner.rewards, self.cfg.rewards)):
+            if not bool(local_rewards[:, k].isnan().all()):
+                continue
+            who = f"reward {key!r}" + (f" ({spec.name})" if spec.name != key else "")
+            error = self._reward_errors.get(key)
+            parts.append(f"{who} failed on every call; its last error: {error}" if error else
+                         f"{who} returned NaN (not applicable) for every sample")
+        if not parts:
+            parts = [f"no sample had a finite score in every reward ({', '.join(self.runner.rewards)})"]
+        saved = checkpoint_dirs(self.cfg.run_dir)
+        where = f"the newest checkpoint is {saved[-1]}" if saved else "no checkpoint was saved"
+        return (f"no valid reward in {n} iterations in a row (iterations {iteration - n + 2}-{iteration + 1}): "
+                + "; ".join(parts) + f". The run stopped without a checkpoint of these iterations ({where}); fix the "
+                "reward and rerun the same command (it resumes from the newest checkpoint), or raise "
+                "train.max_iterations_without_reward (0 = never stop)")
+
     # ---------------------------------------------------------------- the loop
     def step(self, iteration: int) -> dict:
         """One iteration: SAMPLE -> SCORE -> ADVANTAGE -> UPDATE -> LOG (evaluation when due)."""
@@ -353,6 +382,10 @@ class Trainer:
         t0 = time.time()
         advantages, stats = self.advantages(batches)
         times["time/score_wait_and_advantage"] = time.time() - t0
+        self._rewardless = self._rewardless + 1 if stats["valid_reward_fraction"] == 0 else 0
+        limit = cfg.train.max_iterations_without_reward
+        if limit and self._rewardless >= limit:  # a dead reward: stop before training on nothing again
+            raise NoValidRewardError(self._no_reward_message(iteration, stats["leaf_rewards"]))
         t0 = time.time()
         every = cfg.log.grad_noise_every
         self.probe.active = bool(every) and iteration % every == every - 1
@@ -399,22 +432,28 @@ class Trainer:
                    total=cfg.train.iterations, disable=not (cfg.log.progress and self.acc.is_main_process))
         recent: list[float] = []  # training reward of the last 5 iterations (the bar's running mean)
         held_out = last.get("eval/mean_score")
-        for iteration in bar:
-            last = self.step(iteration)
-            recent = (recent + [last.get("reward/" + self.rewards[0].name + "_mean", float("nan"))])[-5:]
-            held_out = last.get("eval/mean_score", held_out)
-            postfix = {"reward": f"{sum(recent) / len(recent):.3f}"}
-            if held_out is not None:
-                postfix["held-out"] = f"{held_out:.3f}"
-            bar.set_postfix(postfix)
-            final = self.iteration == cfg.train.iterations
-            if final or self._stop or (cfg.log.save_every and self.iteration % cfg.log.save_every == 0):
-                self.save()
-            if self._stop:
-                break
-        bar.close()
-        self.runner.close()
-        self.writer.close()
+        try:
+            for iteration in bar:
+                last = self.step(iteration)
+                recent = (recent + [last.get("reward/" + self.rewards[0].name + "_mean", float("nan"))])[-5:]
+                held_out = last.get("eval/mean_score", held_out)
+                postfix = {"reward": f"{sum(recent) / len(recent):.3f}"}
+                if held_out is not None:
+                    postfix["held-out"] = f"{held_out:.3f}"
+                bar.set_postfix(postfix)
+                final = self.iteration == cfg.train.iterations
+                if final or self._stop or (cfg.log.save_every and self.iteration % cfg.log.save_every == 0):
+                    if last["valid_reward_fraction"] == 0:  # its weights are the last checkpoint's; never save it
+                        self.writer.warn("an iteration in which no sample got a valid reward trained on nothing: "
+                                         "no checkpoint is saved for it")
+                    else:
+                        self.save()
+                if self._stop:
+                    break
+        finally:  # also when a dead reward stops the run: repeated warnings are counted
+            bar.close()
+            self.runner.close()
+            self.writer.close()
         if self.acc.is_main_process:
             self._summary()
         if cfg.log.gallery and self.acc.is_main_process and (self.writer.dir / "samples").is_dir():

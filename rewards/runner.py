@@ -8,8 +8,10 @@
 Each reward of a batch runs as its own task on a thread pool (a remote reward's HTTP wait overlaps
 with local work). A call that raises (or returns a malformed output) is retried `retries` times with
 exponential backoff (backoff_s * 2^attempt); if it still fails, that reward's scores for the batch
-are NaN, the error is logged and stored in result.errors, and the run goes on. NaN rewards are never
-trained on: result.valid marks the samples whose total is finite.
+are NaN, the error is stored in result.errors and logged as a warning the first time it occurs (an
+identical error again is logged at DEBUG: a dead reward gives one line, not one per batch; attempts
+are logged at INFO; report_failures=False leaves the reporting to the caller), and the run goes on.
+NaN rewards are never trained on: result.valid marks the samples whose total is finite.
 
     total = sum_k weight_k * score_k    (NaN if any component is NaN; nan_policy="skip" sums the
                                          finite components instead, NaN only if none is finite;
@@ -97,13 +99,15 @@ class RewardRunner:
     shared by all batches and rewards."""
 
     def __init__(self, rewards, *, retries: int = 2, backoff_s: float = 0.5, max_workers: int = 2,
-                 nan_policy: str = "propagate"):
+                 nan_policy: str = "propagate", report_failures: bool = True):
         self.rewards = rewards if isinstance(rewards, dict) else build_rewards(rewards)
         if not self.rewards:
             raise ValueError("RewardRunner needs at least one reward")
         if nan_policy not in ("propagate", "skip"):
             raise ValueError(f"nan_policy must be 'propagate' or 'skip', got {nan_policy!r}")
         self.retries, self.backoff_s, self.nan_policy = int(retries), float(backoff_s), nan_policy
+        self.report_failures = report_failures
+        self._reported: set[tuple[str, str]] = set()  # (key, error) pairs already logged as warnings
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward")
         self._locks = {key: threading.Lock() for key in self.rewards}  # one call at a time per reward object
 
@@ -150,9 +154,13 @@ class RewardRunner:
                 return out, None, time.perf_counter() - started
             except Exception as exc:  # noqa: BLE001  (a failing reward never crashes the run)
                 error = f"{type(exc).__name__}: {exc}"
-                logger.warning("reward %s: attempt %d/%d failed: %s", key, attempt + 1, self.retries + 1, error)
-        logger.error("reward %s failed after %d attempts; its scores for this batch are NaN: %s",
-                     key, self.retries + 1, error)
+                logger.info("reward %s: attempt %d/%d failed: %s", key, attempt + 1, self.retries + 1, error)
+        if self.report_failures:
+            again = (key, error) in self._reported
+            self._reported.add((key, error))
+            logger.log(logging.DEBUG if again else logging.WARNING,
+                       "reward %s failed after %d attempts; its scores for this batch are NaN: %s%s",
+                       key, self.retries + 1, error, " (again)" if again else "")
         return None, error, time.perf_counter() - started
 
     def _combine(self, batch: int, outputs: dict) -> RewardResult:

@@ -77,3 +77,59 @@ def test_rerun_with_another_reward_is_refused_unless_allowed(tiny_sd3_dir, tmp_p
     Trainer(_config(tiny_sd3_dir, tmp_path, base=other, **{"train.iterations": 2}))
     with pytest.raises(ConfigError, match="allow_config_change=true"):  # and going back is a change again
         Trainer(_config(tiny_sd3_dir, tmp_path, **{"train.iterations": 2}))
+
+
+# ---------------------------------------------------------------- item 3: a reward that always fails stops the run
+class AlwaysRaises(Reward):
+    """A reward plug-in whose scorer is down: every call raises."""
+
+    name = "always_raises"
+
+    def score_uint8(self, images, prompts, metadata):
+        raise ZeroDivisionError("scorer is down")
+
+
+def test_a_reward_that_always_fails_stops_the_run(tiny_sd3_dir, tmp_path, capsys):
+    from flowgrpo.trainer import NoValidRewardError
+
+    cfg = _config(tiny_sd3_dir, tmp_path, base={"rewards": [{"name": "test_fail_safe:AlwaysRaises"}]},
+                  **{"train.iterations": 6, "train.max_iterations_without_reward": 3, "log.save_every": 1,
+                     "log.progress": "true"})
+    with pytest.raises(NoValidRewardError) as stopped:
+        Trainer(cfg).train()
+    message = str(stopped.value)
+    assert "'always_raises' (test_fail_safe:AlwaysRaises)" in message and "ZeroDivisionError: scorer is down" in message
+    assert "3 iterations in a row" in message and "train.max_iterations_without_reward" in message
+    run = Path(cfg.run_dir)
+    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())  # nothing saved
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2]  # the third rewardless iteration stops before its update
+    err = capsys.readouterr().err
+    # 3 iterations x 3 attempts failed: one warning, then one line with the count of its repeats
+    assert err.count("ZeroDivisionError: scorer is down") == 2, err
+    assert "repeated 2 more times" in err
+
+
+def test_a_reward_that_recovers_resets_the_count(tiny_sd3_dir, tmp_path):
+    """Only consecutive rewardless iterations count: a reward down for one iteration in two never stops the run,
+    and the iterations it had no score for are never saved as checkpoints."""
+    cfg = _config(tiny_sd3_dir, tmp_path, base={"rewards": [{"name": "test_fail_safe:DownEveryOtherIteration"}]},
+                  **{"train.iterations": 4, "train.max_iterations_without_reward": 2, "log.save_every": 1,
+                     "log.keep_checkpoints": 10})
+    DownEveryOtherIteration.calls = 0
+    Trainer(cfg).train()
+    saved = sorted(p.name for p in (Path(cfg.run_dir) / "checkpoints").iterdir())
+    assert saved == ["step_2", "step_4"]  # iterations 1 and 3 trained on nothing
+
+
+class DownEveryOtherIteration(Reward):
+    """Brightness, but the scorer is down during odd iterations (every call of them, retries included)."""
+
+    name = "down_every_other_iteration"
+    calls = 0
+
+    def score_uint8(self, images, prompts, metadata):
+        DownEveryOtherIteration.calls += 1
+        if DownEveryOtherIteration.calls <= 3 or 4 < DownEveryOtherIteration.calls <= 7:
+            raise ConnectionError("reward server unreachable")
+        return RewardOutput(images.float().mean(dim=(1, 2, 3)) / 255.0)
