@@ -35,25 +35,34 @@ def generate(
     solver: str = "euler",
     batch_size: int = 64,
     progress: bool = True,
+    desc: str = "sampling",
 ) -> torch.Tensor:
     """Images [N, 3, H, W] (video models: videos [N, F, 3, H, W]) in [0, 1] for N prompts, by ODE
-    sampling from seeded noise."""
+    sampling from seeded noise. ``progress``: a bar labelled ``desc`` that counts ODE steps over all batches."""
     steps = steps or model.config.sample_steps
     sigmas = samplers.time_grid(steps, model.shift)
     images = []
     starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc="sampling", disable=not progress or len(starts) < 2):
-        chunk = prompts[start : start + batch_size]
-        cond = model.encode_prompts(chunk)
-        x = initial_noise(model.latent_shape(), seed, range(start, start + len(chunk)))
-        x = x.to(model.device, model.dtype)
-        velocity = model.velocity_fn(cond, guidance_scale)
-        index = torch.arange(len(chunk), device=model.device)
-        latents = samplers.sample_ode(velocity, x, sigmas, index, solver=solver)
-        if not bool(torch.isfinite(latents).all()):
-            raise RuntimeError("the model's samples are NaN or inf: its weights diverged (in training: lower "
-                               "train.learning_rate or keep train.grad_clip on, and restart from an earlier checkpoint)")
-        images.append(model.decode(latents).float().cpu())
+    # leave=None: the bar stays when it is the only one (the start-up evaluation), goes when it sits under another
+    with tqdm(total=len(starts) * (len(sigmas) - 1), desc=desc, unit="step", disable=not progress, leave=None) as bar:
+        for start in starts:
+            chunk = prompts[start : start + batch_size]
+            cond = model.encode_prompts(chunk)
+            x = initial_noise(model.latent_shape(), seed, range(start, start + len(chunk)))
+            x = x.to(model.device, model.dtype)
+            velocity = model.velocity_fn(cond, guidance_scale)
+
+            def counted(*args, velocity=velocity):  # one call per ODE step (euler and dpmpp_2m alike)
+                out = velocity(*args)
+                bar.update(1)
+                return out
+
+            index = torch.arange(len(chunk), device=model.device)
+            latents = samplers.sample_ode(counted, x, sigmas, index, solver=solver)
+            if not bool(torch.isfinite(latents).all()):
+                raise RuntimeError("the model's samples are NaN or inf: its weights diverged (in training: lower "
+                                   "train.learning_rate or keep train.grad_clip on, and restart from an earlier checkpoint)")
+            images.append(model.decode(latents).float().cpu())
     return torch.cat(images)
 
 
@@ -88,8 +97,9 @@ def evaluate(
     guidance_scale: float | None = None,
     batch_size: int = 64,
     progress: bool = True,
+    desc: str = "sampling",
 ) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """Sample every prompt once and score it.
+    """Sample every prompt once and score it (``progress``: a bar labelled ``desc`` over the sampling steps).
 
     Returns a JSON-ready summary (mean score, strict accuracy, per-task means, number of images,
     seconds), the images [N, 3, H, W] (videos [N, F, 3, H, W]) in [0, 1] and the per-sample scores [N]
@@ -99,7 +109,7 @@ def evaluate(
     reward = load_reward(reward) if isinstance(reward, str) else reward
     images = generate(
         model, prompts, seed=seed, steps=steps, guidance_scale=guidance_scale,
-        batch_size=batch_size, progress=progress,
+        batch_size=batch_size, progress=progress, desc=desc,
     )
     outputs = [
         reward(images[i : i + batch_size], prompts[i : i + batch_size],

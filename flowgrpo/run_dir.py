@@ -216,7 +216,7 @@ class RunWriter:
 
     def info(self, text: str) -> None:
         if self.enabled:
-            print(text, file=sys.stderr)
+            tqdm.write(text, file=sys.stderr)  # above the progress bars, which are redrawn below it
             self._line(text)
 
     def warn(self, text: str) -> None:

@@ -277,9 +277,13 @@ class Trainer:
         prompts, metadata = read_prompts(e.prompts, e.limit)
         context = self.swapped(self.ema) if self.ema is not None else nullcontext()
         seed = self.cfg.train.seed + 12345
-        with context, self.acc.autocast():
+        with context, self.acc.autocast():  # a labelled bar: the base model's evaluation takes a while before iteration 1
             summary, media, scores = evaluate(self.model, prompts, e.reward, metadata, seed=seed, steps=e.steps,
-                                              batch_size=e.batch_size, progress=False)
+                                              batch_size=e.batch_size, progress=self.cfg.log.progress,
+                                              desc=f"held-out eval (iteration {self.iteration})")
+        strict = f"; strict accuracy {summary['strict_accuracy']:.3f}" if "strict_accuracy" in summary else ""
+        self.writer.info(f"held-out {e.reward} at iteration {self.iteration}: {summary['mean_score']:.3f} "
+                         f"({summary['num_images']} samples{strict})")
         self.writer.write_eval_scores(self.iteration, scores, [m.get("task", "all") for m in metadata] if metadata else None)
         n = self.cfg.log.eval_samples
         if n:  # the same first n held-out prompts and seeds every time: the gallery compares steps
@@ -347,9 +351,13 @@ class Trainer:
             self.writer.info(noise_message(noise, per_step, self.probe.scale.lower_bound))
         return out
 
-    def _on_signal(self, signum, frame):
-        self.writer.warn(f"signal {signum}: saving a checkpoint after this iteration, then stopping")
+    def request_stop(self, reason: str) -> None:
+        """Stop after the iteration under way, saving a checkpoint of it (what SIGINT/SIGTERM do)."""
+        self.writer.warn(f"{reason}: saving a checkpoint after this iteration, then stopping")
         self._stop = True
+
+    def _on_signal(self, signum, frame):
+        self.request_stop(f"signal {signum}")
 
     def _no_reward_message(self, iteration: int, local_rewards: torch.Tensor) -> str:
         """Which reward gave nothing (local_rewards [L, K]) and its last error, and the two ways on."""
@@ -428,13 +436,15 @@ class Trainer:
         if cfg.eval.at_start and not resumed and self.acc.is_main_process:
             last = self.evaluate()
             self.writer.log(0, last)
-        bar = tqdm(range(self.iteration, cfg.train.iterations), desc="grpo", initial=self.iteration,
-                   total=cfg.train.iterations, disable=not (cfg.log.progress and self.acc.is_main_process))
+        # counted by hand after each finished iteration, so the count is true when the loop stops early
+        bar = tqdm(desc="grpo", initial=self.iteration, total=cfg.train.iterations,
+                   disable=not (cfg.log.progress and self.acc.is_main_process))
         recent: list[float] = []  # training reward of the last 5 iterations (the bar's running mean)
         held_out = last.get("eval/mean_score")
         try:
-            for iteration in bar:
+            for iteration in range(self.iteration, cfg.train.iterations):
                 last = self.step(iteration)
+                bar.update(1)
                 recent = (recent + [last.get("reward/" + self.rewards[0].name + "_mean", float("nan"))])[-5:]
                 held_out = last.get("eval/mean_score", held_out)
                 postfix = {"reward": f"{sum(recent) / len(recent):.3f}"}
@@ -450,7 +460,7 @@ class Trainer:
                         self.save()
                 if self._stop:
                     break
-        finally:  # also when a dead reward stops the run: repeated warnings are counted
+        finally:  # also when a dead reward stops the run: the bar ends at the iterations done, repeats are counted
             bar.close()
             self.runner.close()
             self.writer.close()

@@ -133,3 +133,71 @@ class DownEveryOtherIteration(Reward):
         if DownEveryOtherIteration.calls <= 3 or 4 < DownEveryOtherIteration.calls <= 7:
             raise ConnectionError("reward server unreachable")
         return RewardOutput(images.float().mean(dim=(1, 2, 3)) / 255.0)
+
+
+# ---------------------------------------------------------------- item 7: what the user sees
+def _last_bar(err: str, label: str) -> str:
+    found = re.findall(rf"{re.escape(label)}[^\r\n]*?(\d+/\d+)", err)
+    assert found, err
+    return found[-1]
+
+
+def test_console_shows_the_evaluation_every_held_out_score_and_a_true_count(tiny_sd3_dir, tmp_path, capsys):
+    cfg = _config(tiny_sd3_dir, tmp_path, **{"train.iterations": 2, "eval.every": 1, "eval.at_start": "true",
+                                             "log.progress": "true"})
+    Trainer(cfg).train()
+    err = capsys.readouterr().err
+    assert _last_bar(err, "held-out eval (iteration 0)") == "2/2"  # 4 prompts in one batch x 2 ODE steps
+    scores = [json.loads(line) for line in (Path(cfg.run_dir) / "eval_scores.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in scores] == [0, 1, 2]
+    rows = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [row for row in rows if "eval/mean_score" in row]
+    assert [row["iteration"] for row in evaluated] == [0, 1, 2]
+    for row in evaluated:
+        assert f"held-out toy at iteration {row['iteration']}: {row['eval/mean_score']:.3f} (4 samples" in err, err
+    assert _last_bar(err, "grpo:") == "2/2"
+
+
+class StopsTheRun(Reward):
+    """Brightness; its first call asks the trainer to stop, as SIGINT/SIGTERM during iteration 1 does."""
+
+    name = "stops_the_run"
+    request_stop = None  # the trainer's request_stop, set by the test
+
+    def score_uint8(self, images, prompts, metadata):
+        if StopsTheRun.request_stop is not None:
+            StopsTheRun.request_stop("test: stop requested while iteration 1 scores")
+            StopsTheRun.request_stop = None
+        return RewardOutput(images.float().mean(dim=(1, 2, 3)) / 255.0)
+
+
+def test_the_bar_counts_the_iterations_done_when_a_run_stops_early(tiny_sd3_dir, tmp_path, capsys):
+    cfg = _config(tiny_sd3_dir, tmp_path, base={"rewards": [{"name": "test_fail_safe:StopsTheRun"}]},
+                  **{"train.iterations": 3, "log.progress": "true", "log.save_every": 0})
+    trainer = Trainer(cfg)
+    StopsTheRun.request_stop = trainer.request_stop
+    trainer.train()
+    assert sorted(p.name for p in (Path(cfg.run_dir) / "checkpoints").iterdir()) == ["step_1"]
+    assert _last_bar(capsys.readouterr().err, "grpo:") == "1/3"  # iteration 1 is done and saved
+
+
+# ---------------------------------------------------------------- item 7: accelerate launch without its warning
+@pytest.mark.parametrize("name", ["single", "multi_gpu"])
+def test_shipped_accelerate_configs_load(name):
+    from accelerate.commands.config import load_config_from_file
+
+    config = load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
+    assert config.num_processes >= 1 and config.mixed_precision == "no"
+
+
+def test_accelerate_launch_with_the_shipped_config_prints_no_defaults_warning(tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text("print('launched')\n")
+    env = {k: v for k, v in __import__("os").environ.items()}
+    env["HF_HOME"] = str(tmp_path / "hf")  # no machine-wide accelerate config to fall back on
+    done = subprocess.run([sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file",
+                           str(ROOT / "configs" / "accelerate" / "single.yaml"), str(script)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "launched" in done.stdout, done.stderr
+    assert "were not passed to `accelerate launch`" not in done.stderr, done.stderr
+    assert "--config_file configs/accelerate/single.yaml" in (ROOT / "README.md").read_text()
