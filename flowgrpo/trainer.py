@@ -35,6 +35,7 @@ from flowgrpo.checkpoint import (
 )
 from flowgrpo.config import Config, ConfigError, describe_batches, plan_arguments, processes_check, to_yaml
 from flowgrpo.data import read_prompts
+from flowgrpo.errors import UserError
 from flowgrpo.learners import Advantages, build_learner
 from flowgrpo.noise_scale import GradientProbe, noise_message
 from flowgrpo.run_dir import RunWriter, check_run_config, require_video_writer
@@ -56,8 +57,9 @@ class Batch:
     rewards: object = None  # Future -> [L, K] float32
 
 
-class NoValidRewardError(RuntimeError):
-    """No sample got a valid reward for train.max_iterations_without_reward iterations in a row."""
+class NoValidRewardError(UserError, RuntimeError):
+    """No sample got a valid reward for train.max_iterations_without_reward iterations in a row: the entry
+    points print the message (the reward, its last error, the fix) as one line, exit status 2."""
 
 
 def _seeded_permutation(n: int, *parts: int) -> torch.Tensor:

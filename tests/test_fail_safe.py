@@ -110,6 +110,17 @@ def test_a_reward_that_always_fails_stops_the_run(tiny_sd3_dir, tmp_path, capsys
     assert "repeated 2 more times" in err
 
 
+def test_a_dead_reward_ends_the_training_command_with_one_line(tiny_sd3_dir, tmp_path, capsys):
+    from flowgrpo.launch import main
+
+    args = overrides(tiny_sd3_dir, tmp_path, **FAST, **{"train.iterations": 5, "train.max_iterations_without_reward": 2})
+    status = main([*args, "rewards=[{name: 'test_fail_safe:AlwaysRaises'}]"], prog="train_t2i.py",
+                  description="", default="default")
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err
+    assert "train_t2i.py: error: no valid reward in 2 iterations in a row (iterations 1-2): reward 'always_raises'" in err
+
+
 def test_a_reward_that_recovers_resets_the_count(tiny_sd3_dir, tmp_path):
     """Only consecutive rewardless iterations count: a reward down for one iteration in two never stops the run,
     and the iterations it had no score for are never saved as checkpoints."""
