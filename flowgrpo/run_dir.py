@@ -8,7 +8,8 @@ runs/<name>/train.log                   start-up arithmetic, warnings (e.g. fail
 runs/<name>/eval_scores.jsonl           per-sample scores of every held-out evaluation (the before/after summary)
 runs/<name>/checkpoints/step_<n>/       written by flowgrpo.checkpoint
 runs/<name>/samples/step_<n>/           PNGs (images) or H.264 MP4s with a poster PNG (videos) and
-                                        manifest.jsonl: one line per sample with prompt, seed, group,
+                                        manifest.jsonl: one line per sample with prompt, seed, noise_seed,
+                                        group (its size and reward mean/std over all its samples),
                                         node/parent, every reward, advantage, file path (and poster)
 Only the main process writes.
 """
@@ -64,6 +65,22 @@ def _clean(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None  # NaN / inf as JSON null
     return value
+
+
+def _group_rewards(leaf_group: torch.Tensor, rewards: torch.Tensor, names: list[str]) -> dict[int, tuple[int, dict]]:
+    """{group id: (leaves in the group, {reward: {"mean", "std", "n"}})} over every leaf of each group
+    (leaf_group [L], rewards [L, K]; NaN left out; std is the population std, as flowgrpo.advantages')."""
+    out = {}
+    for g in leaf_group.unique().tolist():
+        rows = rewards[leaf_group == g].double()
+        stats = {}
+        for k, name in enumerate(names):
+            valid = rows[:, k][~rows[:, k].isnan()]
+            n = int(valid.numel())
+            stats[name] = {"mean": _clean(float(valid.mean())) if n else None,
+                           "std": _clean(float(valid.std(unbiased=False))) if n else None, "n": n}
+        out[int(g)] = (int(rows.shape[0]), stats)
+    return out
 
 
 def _save_media(folder: Path, stem: str, media: torch.Tensor, fps: int) -> dict:
@@ -267,13 +284,21 @@ class RunWriter:
             self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "iteration"}, step=step)
 
     def write_samples(self, step, batches, leaf_rewards, leaf_advantages, reward_names, per_prompt: int, seed: int,
-                      fps: int = 8, preview=None) -> None:
+                      fps: int = 8, preview=None, *, sampled_iteration: int, shared_noise: bool) -> None:
         """Up to ``per_prompt`` leaves per prompt and one manifest line per written sample: a PNG per
         image ([3, H, W]); per video ([F, 3, H, W]) an MP4 at ``fps`` (``file``) and the middle frame
         as a PNG (``poster``). ``preview(media, groups, prompts)`` (the model's) turns samples that are
-        not pictures into pictures first (the analytic world's scatter plots)."""
+        not pictures into pictures first (the analytic world's scatter plots).
+
+        Each line also holds what the saved subset alone cannot show: ``group_size`` (the group's leaves, saved
+        or not) and ``group_rewards`` (each reward's mean, population std and count over all of them, NaN left
+        out: the group z-score's baseline and scale), and ``noise_seed``, the seed of the generator that drew
+        the sample's x_T in the rollout ``sampled_iteration`` (``shared_noise``: one x_T per prompt, the
+        plan's initial_noise="shared"); SDE step noise is drawn per (seed, iteration, prompt slot, node)."""
         if not self.enabled:
             return
+        from samplers.grids import STREAM_INITIAL_NOISE, derive_seed
+
         folder = self.dir / "samples" / f"step_{step}"
         folder.mkdir(parents=True, exist_ok=True)
         lines, offset = [], 0
@@ -283,6 +308,8 @@ class RunWriter:
             media = b.images if preview is None else preview(b.images, rec.leaf_group,
                                                              [b.texts[p] for p in rec.leaf_prompt.tolist()])
             written: dict[int, int] = {}
+            groups = _group_rewards(rec.leaf_group, leaf_rewards[offset : offset + rec.num_leaves], reward_names)
+            roots_per_prompt = rec.root_state.shape[0] // rec.num_prompts
             for i in range(rec.num_leaves):
                 p = int(rec.leaf_prompt[i])
                 if written.get(p, 0) >= per_prompt:
@@ -291,9 +318,13 @@ class RunWriter:
                 node = int(rec.leaf_node[i])
                 files = _save_media(folder, f"s{b.slots[p]:04d}_n{node:04d}", media[i], fps)
                 row = leaf_rewards[offset + i]
+                root = 0 if shared_noise else int(rec.leaf_root[i]) % roots_per_prompt
+                size, stats = groups[int(rec.leaf_group[i])]
                 lines.append(json.dumps({
                     "prompt": b.texts[p], "metadata": b.metadata[p], "seed": seed, "iteration": step,
-                    "prompt_slot": b.slots[p], "group": int(rec.leaf_group[i]), "node": node, "parent": parents[node],
+                    "noise_seed": derive_seed(STREAM_INITIAL_NOISE, seed, sampled_iteration, int(rec.prompt_ids[p]), root),
+                    "prompt_slot": b.slots[p], "group": int(rec.leaf_group[i]), "group_size": size,
+                    "group_rewards": stats, "node": node, "parent": parents[node],
                     "rewards": {n: _clean(float(row[k])) for k, n in enumerate(reward_names)},
                     "advantage": _clean(float(leaf_advantages[offset + i])), **files,
                 }))
@@ -312,7 +343,8 @@ class RunWriter:
         for i, (text, item) in enumerate(zip(prompts, media)):
             lines.append(json.dumps({
                 "prompt": text, "metadata": metadata[i] if metadata else {}, "seed": seed, "iteration": step,
-                "prompt_slot": i, "group": i, "node": 0, "parent": -1,
+                "noise_seed": seed * 1_000_003 + i,  # flowgrpo.evaluate.initial_noise's generator for prompt i
+                "prompt_slot": i, "group": i, "group_size": 1, "node": 0, "parent": -1,
                 "rewards": {reward_name: _clean(float(scores[i]))}, "advantage": None,
                 **_save_media(folder, f"e{i:04d}", item, fps),
             }))

@@ -412,7 +412,9 @@ class Trainer:
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         if cfg.log.samples_every and self.iteration % cfg.log.samples_every == 0:
             self.writer.write_samples(self.iteration, batches, leaf_rewards, leaf_adv, [r.name for r in self.rewards],
-                                      cfg.log.samples_per_prompt, cfg.train.seed, cfg.log.video_fps, self.model.preview)
+                                      cfg.log.samples_per_prompt, cfg.train.seed, cfg.log.video_fps, self.model.preview,
+                                      sampled_iteration=iteration,
+                                      shared_noise=plan_arguments(cfg).get("initial_noise", "shared") == "shared")
         final = self.iteration == cfg.train.iterations
         if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or final:
             if self.acc.is_main_process:

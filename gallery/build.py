@@ -38,7 +38,7 @@ THUMB_LIMIT = 160  # images with a side above this many pixels get a thumbnail
 THUMB_SIZE = 256  # longest side of a thumbnail
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mov"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
-CACHE_VERSION = 2  # bump when the shard format changes: every step is re-read once
+CACHE_VERSION = 3  # bump when the shard format changes: every step is re-read once
 _SAFE_FILE = re.compile(r"^[^/\\\x00-\x1f]+$")
 _STEP_NUMBER = re.compile(r"(\d+)$")
 
@@ -148,7 +148,13 @@ def _read_step(folder: Path, out: Path) -> tuple[dict, dict]:
         if key not in groups:
             task = metadata.get("task")
             groups[key] = {"prompt": prompt, "task": task if isinstance(task, str) else "",
-                           "slot": slot, "group": group, "metadata": metadata, "samples": []}
+                           "slot": slot, "group": group, "metadata": metadata, "size": None, "stats": {},
+                           "run_seed": _seed(row.get("seed")), "samples": []}
+        g = groups[key]
+        if g["size"] is None:  # the group's true size and reward statistics, saved samples or not
+            g["size"] = _int(row.get("group_size"))
+        if not g["stats"] and isinstance(row.get("group_rewards"), dict):
+            g["stats"] = row["group_rewards"]
         rewards = row.get("rewards") if isinstance(row.get("rewards"), dict) else {}
         for r in rewards:
             if str(r) not in reward_names:
@@ -159,13 +165,15 @@ def _read_step(folder: Path, out: Path) -> tuple[dict, dict]:
         while sample_id in ids:
             sample_id += "~"
         ids.add(sample_id)
-        sample = {"id": sample_id, "node": node, "parent": parent, "seed": row.get("seed"),
+        sample = {"id": sample_id, "node": node, "parent": parent, "seed": _seed(row.get("noise_seed")),
                   "rewards": {str(k): _float(v) for k, v in rewards.items()}, "adv": _float(row.get("advantage"))}
         sample.update(media.fields(file, row.get("poster")))
         groups[key]["samples"].append(sample)
 
     group_list = list(groups.values())
     for g in group_list:
+        # per reward [mean, std, n] over every sample of the group (None: not recorded), aligned like "r"
+        g["stats"] = [_group_stat(g["stats"].get(r)) for r in reward_names]
         for s in g["samples"]:  # rewards as a list aligned with the step's reward names
             s["r"] = [s["rewards"].get(r) for r in reward_names]
             del s["rewards"]
@@ -347,6 +355,17 @@ def _union(lists) -> list:
 
 def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _seed(value) -> str | None:
+    """A seed as text: generator seeds have up to 63 bits, more than a JavaScript number holds exactly."""
+    return str(value) if _int(value) is not None else None
+
+
+def _group_stat(value) -> list | None:
+    if not isinstance(value, dict) or _int(value.get("n")) is None:
+        return None
+    return [_float(value.get("mean")), _float(value.get("std")), value["n"]]
 
 
 def _float(value) -> float | None:

@@ -73,8 +73,12 @@ def write_mp4(path: Path, size: int = 64, frames: int = 12, seed: int = 0) -> No
 
 def write_run(run_dir, steps: int = 3, prompts_per_step: int = 4, per_prompt: int = 4, image_size: int = 64,
               every: int = 10, tree: bool = False, eval_step: bool = False, video: bool = False,
-              distinct_images: int | None = None, prompts: list[tuple[str, dict]] | None = None) -> Path:
-    """Write a run directory; returns it. ``distinct_images`` reuses that many PNGs' bytes (fast for big runs)."""
+              distinct_images: int | None = None, prompts: list[tuple[str, dict]] | None = None,
+              group_size: int | None = None) -> Path:
+    """Write a run directory; returns it. ``distinct_images`` reuses that many PNGs' bytes (fast for big runs).
+    ``group_size`` (default ``per_prompt``): samples per training group, of which the first ``per_prompt`` are
+    saved; the manifest's group_size and group_rewards cover all of them, as flowgrpo.run_dir writes them."""
+    group_size = group_size or per_prompt
     run = Path(run_dir)
     (run / "samples").mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text("run_name: synthetic\nsampling:\n  method: " + ("branchgrpo" if tree else "flow_grpo") + "\n")
@@ -100,12 +104,23 @@ def write_run(run_dir, steps: int = 3, prompts_per_step: int = 4, per_prompt: in
             slot = p if name.startswith("eval") else (it // every * 7 + p) % 97
             text, meta = prompts[slot % len(prompts)] if prompts else prompt_for(slot)
             clause = meta["clauses"][0] if meta.get("clauses") else {"color": "red", "shape": "circle", "count": 1}
+            rewards = [round(min(1.0, max(0.0, 0.3 + 0.4 * it / (steps * every) + 0.3 * ((j * 37 + p * 11) % 10 / 10 - 0.5))), 4)
+                       for j in range(max(group_size, per_prompt))]
+            whole = {}
+            if not name.startswith("eval"):  # an evaluation group is one prompt's samples, no advantage
+                mean = sum(rewards[:group_size]) / group_size
+                std = (sum((r - mean) ** 2 for r in rewards[:group_size]) / group_size) ** 0.5
+                whole = {"group_size": group_size,
+                         "group_rewards": {"toy": {"mean": mean, "std": std, "n": group_size},
+                                           "aesthetic": {"mean": 5 + mean, "std": std, "n": group_size}}}
             for j in range(per_prompt):
                 node = (per_prompt // 2 + 1 + j) if tree else (j + 1) * 10
                 parent = (1 + j // 2) if tree else node - 1
                 seed = it * 1000 + p * 10 + j
-                reward = round(min(1.0, max(0.0, 0.3 + 0.4 * it / (steps * every) + 0.3 * ((j * 37 + p * 11) % 10 / 10 - 0.5))), 4)
+                reward = rewards[j]
                 file = f"s{slot:04d}_n{node:04d}" + (".mp4" if video else ".png")
+                if name.startswith("eval"):  # as RunWriter.write_eval_samples: one root per sample, no tree
+                    node, parent, file = 0, -1, f"e{p * per_prompt + j:04d}" + (".mp4" if video else ".png")
                 if video:
                     write_mp4(folder / file, size=image_size, seed=seed)
                 else:
@@ -115,7 +130,8 @@ def write_run(run_dir, steps: int = 3, prompts_per_step: int = 4, per_prompt: in
                                          int(clause.get("count") or 1), seed)
                     (folder / file).write_bytes(pool[key])
                 lines.append(json.dumps({
-                    "prompt": text, "metadata": meta, "seed": 0, "iteration": it, "prompt_slot": slot, "group": p,
+                    "prompt": text, "metadata": meta, "seed": 0, "noise_seed": seed, "iteration": it,
+                    "prompt_slot": slot, "group": p, **whole,
                     "node": node, "parent": parent, "rewards": {"toy": reward, "aesthetic": round(5 + reward, 3)},
                     "advantage": round((reward - 0.5) * 3, 4), "file": file}))
         (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")

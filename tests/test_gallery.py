@@ -90,7 +90,8 @@ def test_build_copies_media_across_file_systems(tmp_path):
 
 
 def test_build_reads_the_run_writer_format(tmp_path):
-    """Lines exactly as flowgrpo.run_dir.RunWriter writes them (NaN reward and advantage as null)."""
+    """Lines as flowgrpo.run_dir.RunWriter wrote them before it recorded group_size, group_rewards and
+    noise_seed (NaN reward and advantage as null): still read, the group's size unknown, the run seed labelled."""
     run = tmp_path / "runs" / "tiny"
     folder = run / "samples" / "step_10"
     folder.mkdir(parents=True)
@@ -113,6 +114,95 @@ def test_build_reads_the_run_writer_format(tmp_path):
     groups = _shard(site, "step_10")["groups"]
     assert [(g["slot"], g["task"], len(g["samples"])) for g in groups] == [(3, "colors", 2), (7, "colors", 1)]
     assert groups[0]["samples"][1]["r"] == [None] and groups[0]["samples"][1]["adv"] is None
+    assert groups[0]["size"] is None and groups[0]["stats"] == [None] and groups[0]["run_seed"] == "0"
+    assert groups[0]["samples"][0]["seed"] is None  # no per-sample noise seed recorded: none shown as one
+
+
+def _rollout_batch(shared: bool):
+    """A real rollout record (2 prompts at slots 5 and 9, chains of 8 per prompt) as the trainer's Batch holds it."""
+    from types import SimpleNamespace
+
+    import samplers
+
+    plan = samplers.compose_plan(3, kernel="flow_sde", group_size=8, initial_noise="shared" if shared else "independent")
+    rec = samplers.rollout(lambda x, sigma, index: -x, plan, prompt_ids=[5, 9], latent_shape=(3, 4, 4), seed=7,
+                           iteration=3)
+    images = (rec.leaf_state * 0.2 + 0.5).clamp(0, 1)
+    return SimpleNamespace(record=rec, slots=[5, 9], texts=["a red circle", "two squares"],
+                           metadata=[{"task": "colors"}, {"task": "counting"}], images=images)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_run_writer_records_group_size_group_statistics_and_noise_seeds(tmp_path, shared):
+    """A group of 8 with 4 saved: every line says the group has 8 and gives the reward mean and std over all 8
+    (what the advantages used), and each sample's noise seed regenerates the x_T it was sampled from."""
+    import torch
+
+    from flowgrpo.run_dir import RunWriter
+
+    batch = _rollout_batch(shared)
+    rec = batch.record
+    rewards = torch.tensor([0.1, 0.9, 0.2, 0.8, 0.3, 0.3, 0.95, 0.05, 0.5, float("nan"), 0.4, 0.4, 0.6, 0.7, 1.0, 0.0])
+    writer = RunWriter(tmp_path / "run")
+    writer.write_samples(4, [batch], rewards[:, None], rewards - 0.5, ["toy"], per_prompt=4, seed=7,
+                         sampled_iteration=3, shared_noise=shared)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples" / "step_4" / "manifest.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and all(r["group_size"] == 8 for r in rows)
+    for g, leaves in ((0, rewards[:8]), (1, rewards[8:])):
+        valid = leaves[~leaves.isnan()].double()
+        in_group = [r for r in rows if r["group"] == g]
+        recorded = in_group[0]["group_rewards"]["toy"]
+        assert len(in_group) == 4 and all(r["group_rewards"]["toy"] == recorded for r in in_group)
+        assert recorded["n"] == valid.numel() == (8 if g == 0 else 7)  # NaN left out, as the advantages leave it
+        assert recorded["mean"] == pytest.approx(float(valid.mean()), rel=1e-12)
+        assert recorded["std"] == pytest.approx(float(valid.std(unbiased=False)), rel=1e-12)
+        saved = torch.tensor([r["rewards"]["toy"] for r in in_group if r["rewards"]["toy"] is not None])
+        assert abs(float(saved.mean()) - recorded["mean"]) > 0.01  # the saved 4 alone would have said otherwise
+    for r in rows:  # the recorded seed draws exactly the sample's starting noise
+        leaf = next(i for i in range(rec.num_leaves) if int(rec.leaf_node[i]) == r["node"]
+                    and batch.slots[int(rec.leaf_prompt[i])] == r["prompt_slot"])
+        drawn = torch.randn((3, 4, 4), generator=torch.Generator().manual_seed(r["noise_seed"]))
+        assert torch.equal(drawn, rec.root_state[rec.leaf_root[leaf]].float()), r["file"]
+    seeds = [r["noise_seed"] for r in rows]
+    assert len(set(seeds)) == (2 if shared else 8)  # one x_T per prompt when shared, else one per sample
+
+
+def test_eval_samples_record_each_sample_noise_seed(tmp_path):
+    """Evaluation cards used to all say the base seed; each records the seed of its own starting noise."""
+    import torch
+
+    from flowgrpo.evaluate import initial_noise
+    from flowgrpo.run_dir import RunWriter
+
+    media = torch.rand(3, 3, 8, 8)
+    RunWriter(tmp_path / "run").write_eval_samples(0, media, ["a", "b", "c"], None, torch.tensor([0.1, 0.2, 0.3]),
+                                                   "toy", seed=12345)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples" / "eval_0" / "manifest.jsonl").read_text().splitlines()]
+    assert [r["seed"] for r in rows] == [12345] * 3 and len({r["noise_seed"] for r in rows}) == 3
+    for i, r in enumerate(rows):
+        expected = initial_noise((4, 2, 2), 12345, [i])[0]
+        assert torch.equal(torch.randn((4, 2, 2), generator=torch.Generator().manual_seed(r["noise_seed"])), expected)
+    site = build_site(tmp_path / "run").parent
+    shown = [s["seed"] for g in _shard(site, "eval_0")["groups"] for s in g["samples"]]
+    assert shown == [str(r["noise_seed"]) for r in rows]
+
+
+def test_build_carries_group_size_statistics_and_exact_seeds(tmp_path):
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=2, per_prompt=4, group_size=8, eval_step=True)
+    manifest = run / "samples" / "step_10" / "manifest.jsonl"
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    rows[0]["noise_seed"] = 2**62 + 5  # 63-bit generator seeds do not fit a JavaScript number: kept as text
+    manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    site = build_site(run).parent
+    groups = _shard(site, "step_10")["groups"]
+    assert [(g["size"], len(g["samples"])) for g in groups] == [(8, 4), (8, 4)]
+    whole = rows[0]["group_rewards"]
+    assert groups[0]["stats"] == [[whole["toy"]["mean"], whole["toy"]["std"], 8],
+                                  [whole["aesthetic"]["mean"], whole["aesthetic"]["std"], 8]]
+    assert groups[0]["samples"][0]["seed"] == "4611686018427387909"
+    seeds = [s["seed"] for g in groups for s in g["samples"]]
+    assert len(set(seeds)) == 8 and all(isinstance(x, str) for x in seeds)
+    assert len({s["seed"] for g in _shard(site, "eval_0")["groups"] for s in g["samples"]}) == 8
 
 
 def test_build_skips_unsafe_files_and_broken_lines(tmp_path):
@@ -305,9 +395,49 @@ def test_tree_groups_show_parents_and_children(browser, tmp_path):
     _open(browser, build_site(run).as_uri())
     group = browser.find_element("css selector", "#app section.group.is-tree")
     labels = [e.text for e in group.find_elements("css selector", ".node-label")]
-    assert [lab.split(" ·")[0] for lab in labels] == ["node 1 (not saved)", "node 2 (not saved)"]
+    assert [lab.split(" ·")[0] for lab in labels] == ["tree node 1 (not saved)", "tree node 2 (not saved)"]
     assert all("2 leaves" in lab for lab in labels)
     assert len(group.find_elements("css selector", "ul.tree > li .tile")) == 4
+
+
+def _js_number(v: float) -> str:
+    """The page's formatNumber for values between 1e-3 and 1e5: 4 significant digits, no trailing zeros."""
+    x = float(f"{v:.4g}")
+    return str(int(x)) if x == int(x) else repr(x)
+
+
+def test_group_header_says_the_true_group_size_and_labels_nodes_and_seeds(browser, tmp_path):
+    """A group of 8 with 4 saved reads "group of 8 · 4 saved" and the reward statistics over all 8 (not the saved
+    4's); a chain sample reads "tree node 10, from node 9" with an explanation; each card its own noise seed."""
+    run = write_run(tmp_path / "run", steps=1, prompts_per_step=2, per_prompt=4, group_size=8, eval_step=True)
+    rows = [json.loads(x) for x in (run / "samples" / "step_10" / "manifest.jsonl").read_text().splitlines()]
+    _open(browser, build_site(run).as_uri())
+    group = next(g for g in browser.find_elements("css selector", "#app section.group")
+                 if g.find_element("css selector", "h3.prompt").text == rows[0]["prompt"])
+    chips = [e.text for e in group.find_elements("css selector", ".chip")]
+    whole = rows[0]["group_rewards"]["toy"]
+    saved = [r["rewards"]["toy"] for r in rows[:4]]
+    assert "group of 8 · 4 saved" in chips, chips
+    assert f"toy {_js_number(whole['mean'])} ± {_js_number(whole['std'])} over all 8" in chips, chips
+    assert _js_number(whole["mean"]) != _js_number(sum(saved) / 4)  # the saved 4's mean would read otherwise
+    tile = next(t for t in group.find_elements("css selector", ".tile") if t.get_attribute("data-key").endswith("_n0010"))
+    node = tile.find_element("css selector", ".ids .node")
+    assert node.text == "tree node 10, from node 9" and "sampling tree" in node.get_attribute("title")
+    assert tile.find_element("css selector", ".ids .seed").text == f"noise seed {rows[0]['noise_seed']}"
+    assert "tree node: a state in the prompt's sampling tree" in browser.find_element("css selector", "#app .id-legend").text
+    _choose(browser, "step", "eval_0")
+    seeds = [e.text for e in browser.find_elements("css selector", "#app .tile .ids .seed")]
+    assert len(seeds) == 8 == len(set(seeds)) and all(x.startswith("noise seed ") for x in seeds)
+    assert not browser.find_elements("css selector", "#app .tile .ids .node")  # evaluation samples have no tree
+    assert "one starting noise" not in chips  # every saved sample has its own x_T here
+    manifest = run / "samples" / "step_10" / "manifest.jsonl"  # a plan with initial_noise="shared": one x_T a prompt
+    manifest.write_text("".join(json.dumps({**r, "noise_seed": 99 if r["group"] == 0 else r["noise_seed"]}) + "\n"
+                                for r in rows))
+    _open(browser, build_site(run).as_uri() + "#step=step_10")
+    shared = [g.find_element("css selector", "h3.prompt").text for g in browser.find_elements("css selector", "#app section.group")
+              if "one starting noise" in [e.text for e in g.find_elements("css selector", ".chip")]]
+    assert shared == [rows[0]["prompt"]]
+    assert severe_console_entries(browser) == []
 
 
 def test_flagging_saves_to_the_run_directory_when_served(browser, tmp_path):

@@ -41,6 +41,8 @@ async function loadStep(name) {
   const order = G.index.steps.indexOf(info);
   for (const g of data.groups) {
     g.step = name; g.stepOrder = order; g.iteration = data.iteration; g.kind = data.kind;
+    g.statsBy = {};  // reward -> [mean, std, n] over every sample of the group (saved or not), when recorded
+    data.reward_names.forEach((r, k) => { g.statsBy[r] = g.stats ? g.stats[k] : null; });
     for (const s of g.samples) {
       s.key = name + "/" + s.id;
       s.group = g;
@@ -266,6 +268,27 @@ function editNote(bar, s) {
   area.focus();
 }
 
+const NODE_HELP = "tree node: a state in this prompt's sampling tree. Roots are starting noises (x_T); every " +
+  "denoising step makes a child node (several where the tree branches), and a finished sample is a leaf. " +
+  "'from node' is the node its last step started from.";
+const SEED_HELP = "noise seed: the seed of the generator (torch.Generator().manual_seed) that drew this sample's " +
+  "starting noise x_T; SDE steps add noise seeded by the run seed, iteration, prompt slot and node.";
+const RUN_SEED_HELP = "the run's seed: this manifest does not record the sample's own noise seed";
+
+/* "tree node 80, from node 72" and "noise seed N" (or the run seed, labelled as such), with their explanations. */
+function idLine(s, cls) {
+  const line = el("div", {class: cls + " ids"});
+  const eval1 = s.group.kind === "eval" && (s.parent === null || s.parent < 0);  // an evaluation sample: no tree
+  if (s.node !== null && s.node !== undefined && !eval1) {
+    line.append(el("span", {class: "node", title: NODE_HELP,
+      text: `tree node ${s.node}` + (s.parent !== null && s.parent >= 0 ? `, from node ${s.parent}` : " (a root)")}));
+  }
+  const seed = s.seed !== null && s.seed !== undefined ? el("span", {class: "seed", title: SEED_HELP, text: `noise seed ${s.seed}`})
+    : s.group.run_seed ? el("span", {class: "seed", title: RUN_SEED_HELP, text: `run seed ${s.group.run_seed}`}) : null;
+  if (seed) line.append(line.childNodes.length ? " · " : "", seed);
+  return line;
+}
+
 function tile(s, opts) {
   const f = flagOf(s.key);
   const fig = el("figure", {class: "tile" + (f ? " flagged " + f.labels.map(l => "f-" + l.replace(/\W+/g, "-")).join(" ") : ""),
@@ -275,8 +298,7 @@ function tile(s, opts) {
   if (opts && opts.prompt) cap.append(el("p", {class: "tile-prompt", text: s.group.prompt}));
   if (opts && opts.step) cap.append(el("p", {class: "muted small", text: s.group.step}));
   cap.append(rewardLine(s));
-  cap.append(el("div", {class: "muted small", text: `node ${s.node}` + (s.parent !== null && s.parent >= 0 ? ` ← ${s.parent}` : "") +
-                                                     (s.seed !== null && s.seed !== undefined ? ` · seed ${s.seed}` : "")}));
+  cap.append(idLine(s, "muted small"));
   cap.append(flagBar(s));
   fig.append(cap);
   fig._sample = s;
@@ -301,7 +323,7 @@ function openLightbox(s) {
     el("div", {class: "big"}, media(s, true)),
     el("div", {class: "details"},
       el("p", {class: "prompt", text: s.group.prompt}),
-      el("p", {class: "muted", text: `${s.group.step} · task ${s.group.task || "–"} · node ${s.node} · parent ${s.parent} · seed ${s.seed}`}),
+      el("p", {class: "muted", text: `${s.group.step} · task ${s.group.task || "–"}`}), idLine(s, "muted"),
       rewardLine(s), flagBar(s), meta));
   lb.replaceChildren(panel);
   lb._sample = s;

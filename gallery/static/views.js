@@ -86,7 +86,7 @@ function renderTree(items, shownKeys) {
     const st = stats(leaves.map(s => s.rv[S.reward]));
     const li = el("li");
     if (item.children.length) {
-      li.append(el("div", {class: "node-label", text: `node ${item.node}` + (item.sample ? "" : " (not saved)") +
+      li.append(el("div", {class: "node-label", title: NODE_HELP, text: `tree node ${item.node}` + (item.sample ? "" : " (not saved)") +
         ` · ${leaves.length} leaves · mean ${S.reward} ${formatNumber(st.mean)}`}));
       if (item.sample && shownKeys.has(item.sample.key)) li.append(el("div", {class: "tiles"}, tile(item.sample)));
       const leafKids = item.children.filter(c => !c.children.length && c.sample && shownKeys.has(c.sample.key));
@@ -99,15 +99,47 @@ function renderTree(items, shownKeys) {
   return ul;
 }
 
+/* The group's true size and the reward statistics its advantages were computed from (over every sample,
+   saved or not), when the manifest records them; else the saved samples' own, labelled as such. */
+function groupChips(g) {
+  const saved = g.samples.length, shown = g.shown.length, size = g.size === undefined ? null : g.size;
+  const reward = S.reward || "reward", whole = g.statsBy ? g.statsBy[S.reward] : null;
+  const filtered = shown < saved ? ` · ${shown} shown` : "";
+  const own = stats(g.shown.map(s => s.rv[S.reward]));
+  if (size === 1 && saved === 1) return [el("span", {class: "chip count", text: "1 sample"}),
+                                         el("span", {class: "chip stats", text: `${reward} ${formatNumber(own.mean)}`})];
+  const count = el("span", {class: "chip count", text: size === null ? `${saved} sample${saved === 1 ? "" : "s"}${filtered}` : `group of ${size} · ${saved} saved${filtered}`,
+    title: size === null ? "this manifest does not record the group's size: these are the saved samples"
+      : `the group has ${size} samples; its advantages were computed over all ${size}; the run saved ${saved}`});
+  if (!whole || whole[0] === null) {
+    return [count, el("span", {class: "chip stats", text: `${reward} ${formatNumber(own.mean)} ± ${formatNumber(own.std)} over the ${shown} shown`,
+      title: "mean ± population std of the shown samples only (the manifest does not record the whole group's)"})];
+  }
+  const [mean, std, n] = whole;
+  const over = n === size ? `all ${size}` : `${n} of ${size} (NaN left out)`;
+  return [count, el("span", {class: "chip stats", text: `${reward} ${formatNumber(mean)} ± ${formatNumber(std)} over ${over}`,
+    title: `mean ± population std of ${reward} over every sample of the group, saved or not: with one reward and ` +
+           `advantage.std=group, the baseline and scale of its advantages, A = (r − mean)/(std + eps). ` +
+           `The ${shown} shown: ${formatNumber(own.mean)} ± ${formatNumber(own.std)}.`})];
+}
+
+/* Samples of a prompt that start from one x_T (a plan's initial_noise="shared") differ by their SDE step noise. */
+function sharedNoiseChip(g) {
+  const seeds = new Set(g.samples.map(s => s.seed));
+  if (g.samples.length < 2 || seeds.size !== 1 || g.samples[0].seed === null || g.samples[0].seed === undefined) return null;
+  return el("span", {class: "chip shared-noise", text: "one starting noise",
+    title: `every sample of this group starts from the same x_T (noise seed ${g.samples[0].seed}); ` +
+           "they differ by the noise of their SDE steps, drawn per tree node"});
+}
+
 function groupCard(g, allSteps) {
-  const st = stats(g.shown.map(s => s.rv[S.reward]));
   const head = el("header", {class: "group-head"},
     el("h3", {class: "prompt", text: g.prompt}),
     el("div", {class: "chips"},
       g.task ? el("span", {class: "chip task", text: g.task}) : null,
       allSteps ? el("span", {class: "chip", text: g.step}) : null,
       el("span", {class: "chip", text: `slot ${g.slot} · group ${g.group}`}),
-      el("span", {class: "chip", text: `${g.shown.length}/${g.samples.length} samples · ${S.reward || "reward"} ${formatNumber(st.mean)} ± ${formatNumber(st.std)}`}),
+      ...groupChips(g), sharedNoiseChip(g),
       el("button", {type: "button", class: "link", text: "compare across steps",
                     onclick: () => setState({view: "compare", prompt: g.prompt})})));
   const card = el("section", {class: "group", data: {step: g.step}}, head);
@@ -181,7 +213,10 @@ async function renderSamples(app) {
     if (g.shown.length) groups.push(g);
   }
   const total = groups.reduce((a, g) => a + g.shown.length, 0);
-  const out = [samplesControls()];
+  const out = [samplesControls(), el("p", {class: "muted small id-legend", text:
+    "tree node: a state in the prompt's sampling tree (roots are starting noises; each denoising step makes a child, " +
+    "several where the tree branches; a saved sample is a leaf) · noise seed: the seed of a sample's starting noise · " +
+    "group of N: every sample its advantages were computed over, saved or not"})];
   if (S.layout === "samples") {
     const list = groups.flatMap(g => g.shown);
     if (S.sort === "step-desc") list.sort((a, b) => b.group.stepOrder - a.group.stepOrder);
