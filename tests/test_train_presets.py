@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from flowgrpo.config import load_config
@@ -34,6 +35,19 @@ def test_every_preset_file_is_tested_here():
     from flowgrpo.paths import configs_dir
 
     assert sorted(PRESETS) == sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_states_its_method_whatever_the_default_under_it(preset):
+    """A preset is its paper's method on any base: the image default (DiffusionNFT, global advantage
+    std) and the video default (Flow-GRPO, schema defaults) must not leak into what the preset trains."""
+    keys = ("sampling.method", "learner.name", "advantage.std", "advantage.tree_value", "loss.ratio")
+
+    def method(default: str) -> dict:
+        cfg = load_config(preset, None, [], default=default)
+        return {k: OmegaConf.select(OmegaConf.structured(cfg), k) for k in keys}
+
+    assert method("default") == method("default_t2v")
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
