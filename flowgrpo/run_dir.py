@@ -196,12 +196,12 @@ def check_run_config(run_dir: Path, new_yaml: str, allow_change: bool) -> None:
     if not keys:
         return
     free = next(f"{run_dir.name}-{k}" for k in range(2, 10_000) if not (run_dir.parent / f"{run_dir.name}-{k}").exists())
-    lines = "\n".join(f"  {key}: {_shown(changes[key][0])} -> {_shown(changes[key][1])}" for key in keys)
-    raise RunConfigChanged(
-        f"{run_dir} already holds a run with another configuration; these keys differ (the run's -> this command's):\n"
-        f"{lines}\nTo start a new run, give it its own folder: run_name={free}\nTo continue this run with the change, "
-        f"add allow_config_change=true (the change is appended to {run_dir / 'config_history.jsonl'}; config.yaml "
-        "keeps the original)")
+    differ = "; ".join(f"{key}: {_shown(changes[key][0])} -> {_shown(changes[key][1])}" for key in keys)
+    raise RunConfigChanged(  # one line, as every user error (docs/errors.md)
+        f"{run_dir} already holds a run with another configuration (the run's -> this command's: {differ}); to start "
+        f"a new run, give it its own folder: run_name={free}; to continue this run with the change, add "
+        f"allow_config_change=true (the change is appended to {run_dir / 'config_history.jsonl'}; config.yaml keeps "
+        "the original)")
 
 
 class RunWriter:

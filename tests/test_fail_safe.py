@@ -54,6 +54,7 @@ def test_rerun_with_another_reward_is_refused_unless_allowed(tiny_sd3_dir, tmp_p
     message = str(refused.value)
     assert "rewards:" in message and "train_fixtures:Brightness" in message and "'toy'" in message.replace('"', "'")
     assert f"run_name={first.run_name}-2" in message and "allow_config_change=true" in message
+    assert "\n" not in message  # one line, as every user error
     assert (run / "config.yaml").read_text() == original and not (run / "config_history.jsonl").exists()
 
     capsys.readouterr()
