@@ -90,17 +90,12 @@ def _model_config(args) -> dict:
 def cmd_eval(args) -> int:
     import torch
 
-    from flowgrpo.evaluate import best_of_k, evaluate
-    from flowgrpo.models import load_model
-    from rewards import load_reward
-
     from flowgrpo.errors import UserError, reward_class
     from flowgrpo.paths import resolve_pretrained
+    from flowgrpo.threads import set_threads
 
     if args.samples_per_prompt < 1:
         raise UserError(f"--samples-per-prompt must be ≥ 1, got {args.samples_per_prompt}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     # every input is checked before the model loads
     weights = _checkpoint_folder(args.checkpoint) if args.checkpoint else None
     reward_class(args.reward, "--reward")
@@ -110,10 +105,27 @@ def cmd_eval(args) -> int:
         resolve_pretrained(model_config["pretrained"])
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
+    threads_before = torch.get_num_threads()
+    set_threads(args.threads)  # printed once the model is loaded
+    try:
+        return _evaluate_and_print(args, prompts, metadata, model_config, weights)
+    finally:
+        torch.set_num_threads(threads_before)  # main() called in a process that goes on (tests) leaves it as it was
+
+
+def _evaluate_and_print(args, prompts, metadata, model_config, weights) -> int:
+    import torch
+
+    from flowgrpo.evaluate import best_of_k, evaluate
+    from flowgrpo.models import load_model
+    from flowgrpo.threads import startup_line
+    from rewards import load_reward
+
     model = load_model(model_config)
     if weights is not None:
         model.load_trainable(weights)
     reward = load_reward(args.reward)
+    print(startup_line(how="--threads N"), file=sys.stderr)
     all_scores = []
     for j in range(args.samples_per_prompt):  # sample j of every prompt uses seed + j
         result, images, scores = evaluate(
@@ -222,7 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=64)
     ev.add_argument("--limit", type=int, help="score only the first N prompts")
     ev.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, auto)")
-    ev.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    ev.add_argument("--threads", type=int, default=0, metavar="N",
+                    help="torch CPU threads; 0 (default) = automatic: OMP_NUM_THREADS if set, else the cores no other "
+                         "process is busy on (flowgrpo/threads.py); printed at start-up")
     ev.add_argument("--save-images", help="write the PNGs and a manifest.jsonl to this folder")
     ev.add_argument("--output", help="also write the JSON summary to this file")
     ev.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")

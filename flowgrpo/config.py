@@ -182,6 +182,9 @@ class Config:
     # a rerun whose config differs from the run folder's in keys that change the experiment (flowgrpo/run_dir.py:
     # NEUTRAL_KEYS lists the others) is refused; true continues with the change, appended to config_history.jsonl
     allow_config_change: bool = False
+    # torch CPU threads per process (--threads N): 0 = automatic (OMP_NUM_THREADS if set, else the cores no other
+    # process is busy on, shared by this machine's processes; flowgrpo/threads.py), N = exactly N; printed at start-up
+    threads: int = 0
     prompts: str = "toy-train"  # training prompts: toy-train | a .txt or .jsonl file
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -8,10 +8,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import torch
+
 from flowgrpo.config import load_config
 from flowgrpo.data import PromptFileError, read_prompts
 from flowgrpo.errors import EXIT_USER_ERROR, UserError, reward_class
 from flowgrpo.paths import configs_dir, resolve_pretrained
+from flowgrpo.threads import set_threads
 
 
 def _names(folder: str) -> list[str]:
@@ -72,12 +75,18 @@ def main(argv: list[str] | None, *, prog: str, description: str, default: str) -
     parser.add_argument("--preset", help="a method preset: a name in configs/presets (listed below) or a YAML file")
     parser.add_argument("--model", help="a model config: a name in configs/models (listed below) or a YAML file")
     parser.add_argument("--config", help="a full config YAML (e.g. configs/analytic.yaml) merged before the preset")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="torch CPU threads per process (the config key threads=N); default: automatic, "
+                             "printed at start-up (flowgrpo/threads.py)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of any config key (flowgrpo/config.py)")
     args = parser.parse_args(argv)
+    overrides = list(args.overrides) + ([f"threads={args.threads}"] if args.threads is not None else [])
+    threads_before = torch.get_num_threads()
     try:
-        cfg = load_config(args.preset, args.model, args.overrides, base=args.config, default=default)
+        cfg = load_config(args.preset, args.model, overrides, base=args.config, default=default)
         preflight(cfg)
+        set_threads(cfg.threads)  # printed by the trainer when the run starts
         from flowgrpo.trainer import train  # after parsing: --help and bad arguments answer fast
 
         train(cfg)
@@ -86,4 +95,6 @@ def main(argv: list[str] | None, *, prog: str, description: str, default: str) -
             raise
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    finally:
+        torch.set_num_threads(threads_before)  # main() called in a process that goes on (tests) leaves it as it was
     return 0

@@ -39,6 +39,7 @@ from flowgrpo.errors import UserError
 from flowgrpo.learners import Advantages, build_learner
 from flowgrpo.noise_scale import GradientProbe, noise_message
 from flowgrpo.run_dir import RunWriter, check_run_config, require_video_writer
+from flowgrpo.threads import startup_line
 from rewards import REGISTRY, load_reward
 from rewards.common import import_object
 from rewards.runner import RewardRunner
@@ -430,6 +431,7 @@ class Trainer:
         plan0 = self.schedule.plan(self.iteration)
         counts = plan0.counts() if hasattr(plan0, "counts") else {}
         self.writer.info(describe_batches(cfg, self.world, counts.get("leaves", 0), counts.get("trained", 0)))
+        self.writer.info(startup_line())  # torch's CPU threads and why (flowgrpo/threads.py)
         self.writer.write_config(to_yaml(cfg), self.iteration)  # a changed config goes to config_history.jsonl
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:

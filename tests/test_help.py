@@ -36,6 +36,7 @@ def test_training_help_lists_presets_models_and_the_config_reference(script, cap
     assert f"presets (--preset NAME, configs/presets/): {', '.join(presets)}" in flat
     assert f"models (--model NAME, configs/models/): {', '.join(models)}" in flat
     assert "flowgrpo/config.py" in flat and "docs/errors.md" in flat
+    assert "--threads N" in flat and "--debug" in flat
 
 
 def test_training_help_reads_the_preset_folder_at_run_time(tmp_path, monkeypatch, capsys):

@@ -62,6 +62,7 @@ TRAINING = [
     (["model.family=sd4"], r"model config 'family' is 'sd4'; allowed: analytic, flux, sd3, wan"),
     (["model.dtype=float8"], r"model config 'dtype' is 'float8'; allowed: float32"),
     (["model.resolution=65"], r"image size 65x65 does not fit SD3Model: .*change model.resolution"),
+    (["--threads", "-1"], r"threads=-1 must be ≥ 0 \(0 = automatic, N = exactly N CPU threads\)$"),
 ]
 
 
@@ -165,6 +166,6 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "cannot import reward", "is not a reward", "is neither a YAML file nor one of",
                      "is not key=value", "unknown config key", "is not allowed", "with a space after each colon",
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
-                     "--samples-per-prompt must be", "build it with"):
+                     "--samples-per-prompt must be", "build it with", "threads=-1 must be"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
