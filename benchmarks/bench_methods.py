@@ -9,6 +9,7 @@ presets (diffusion_nft, awm, dgpo) count every training forward (policy, old pol
 
 import argparse
 import json
+import shutil
 import time
 
 from flowgrpo.config import load_config
@@ -26,6 +27,7 @@ def run(preset: str, minutes: float, checkpoints: list[float]) -> dict:
                                      "eval.every=0", "eval.at_start=false", "log.samples_every=0", "log.save_every=0",
                                      "log.eval_samples=0", "log.gallery=false", "log.progress=false",
                                      f"sampling.plan.group_size={group}"])
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)  # a benchmark run starts clean: no old logs, no run-identity clash
     trainer = Trainer(cfg)
     phases, iterations, scores, elapsed = {}, 0, {}, 0.0
     pending = list(checkpoints)
@@ -50,14 +52,16 @@ def main() -> None:
     parser.add_argument("--presets", default=DEFAULT, help="comma-separated (default: every file in configs/presets)")
     args = parser.parse_args()
     checkpoints = [args.minutes / 2, args.minutes]
-    rows = [run(p, args.minutes, checkpoints) for p in args.presets.split(",")]
+    rows = []
+    for preset in args.presets.split(","):
+        rows.append(run(preset, args.minutes, checkpoints))
+        print(json.dumps(rows[-1]), flush=True)  # one line per preset as it finishes: nothing lost to a later failure
     print(f"{'preset':16} {'s/it sample':>11} {'s/it score':>10} {'s/it update':>11} {'NFE roll':>8} {'NFE train':>9} "
           + " ".join(f"{'score@' + str(c) + 'm':>10}" for c in checkpoints))
     for r in rows:
         print(f"{r['preset']:16} {r['time/sample']:11.2f} {r['time/score_wait_and_advantage']:10.2f} "
               f"{r['time/update']:11.2f} {r['rollout_nfe_per_iteration']:8.0f} {r['train_nfe_per_iteration']:9.0f} "
               + " ".join(f"{r['scores'].get(c, float('nan')):10.3f}" for c in checkpoints))
-    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import multiprocessing as mp
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ def run_seed(job: tuple) -> dict:
     cfg = load_config(preset, None, [f"run_name={name}", "resume=false", f"eval.every={eval_every}", f"train.seed={seed}",
                                    "log.progress=false", *overrides], default="default_t2v" if video else "default")
     cfg.train.iterations = 100000  # the time budget stops the run
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)  # a benchmark run starts clean: no old logs, no run-identity clash
     trainer = Trainer(cfg)
     evaluations = [{"minutes": 0.0, "iteration": 0, **trainer.evaluate()}]
     rewards, trained = [], 0.0
