@@ -4,6 +4,8 @@ path, clear errors. Each script only names its embedded default config."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -13,6 +15,7 @@ import torch
 from flowgrpo.config import load_config
 from flowgrpo.data import PromptFileError, read_prompts
 from flowgrpo.errors import EXIT_USER_ERROR, UserError, reward_class
+from flowgrpo.interrupts import Interrupted, follow_launcher, hold_signals, resume_command
 from flowgrpo.paths import configs_dir, resolve_pretrained
 from flowgrpo.threads import set_threads
 
@@ -69,7 +72,9 @@ def preflight(cfg) -> None:
 def main(argv: list[str] | None, *, prog: str, description: str, default: str) -> int:
     """Parse ``[--preset NAME] [--model NAME] [--config YAML] [key=value ...]``, build the config on
     top of configs/<default>.yaml and train. Bad input (a UserError: config, prompts, rewards, model
-    path) prints one line naming the fix and returns 2; ``--debug`` raises it with its traceback."""
+    path) prints one line naming the fix and returns 2; ``--debug`` raises it with its traceback. SIGINT or
+    SIGTERM stops the run with a checkpoint and one line saying how to resume (flowgrpo/interrupts.py), and
+    returns 130 or 143."""
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=_epilog(prog, default),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help="a method preset: a name in configs/presets (listed below) or a YAML file")
@@ -81,6 +86,11 @@ def main(argv: list[str] | None, *, prog: str, description: str, default: str) -
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of any config key (flowgrpo/config.py)")
     args = parser.parse_args(argv)
+    restore_handlers = lambda: None  # noqa: E731
+    if argv is None:  # the script itself: under a launcher, stop when it dies (no orphan) and name it in the resume line
+        follow_launcher()
+        restore_handlers = hold_signals()
+    command = resume_command(sys.argv[0] if argv is None else prog, sys.argv[1:] if argv is None else list(argv))
     overrides = list(args.overrides) + ([f"threads={args.threads}"] if args.threads is not None else [])
     threads_before = torch.get_num_threads()
     try:
@@ -95,6 +105,14 @@ def main(argv: list[str] | None, *, prog: str, description: str, default: str) -
             raise
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except Interrupted as stop:  # a checkpoint is saved (or there was nothing to save): one line, 128 + signal
+        if os.environ.get("RANK", "0") == "0":
+            print(stop.line(command), file=sys.stderr)
+        return stop.exit_status
+    except KeyboardInterrupt:  # main() called in process (no hold_signals), or a second Ctrl-C
+        print(Interrupted(signal.SIGINT).line(command), file=sys.stderr)
+        return 128 + int(signal.SIGINT)
     finally:
+        restore_handlers()
         torch.set_num_threads(threads_before)  # main() called in a process that goes on (tests) leaves it as it was
     return 0

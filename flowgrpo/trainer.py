@@ -20,7 +20,6 @@ with the same global batch, and a resumed and an uninterrupted run, compute the 
 
 from __future__ import annotations
 
-import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from flowgrpo.checkpoint import (
 from flowgrpo.config import Config, ConfigError, describe_batches, plan_arguments, processes_check, to_yaml
 from flowgrpo.data import read_prompts
 from flowgrpo.errors import UserError
+from flowgrpo.interrupts import Interrupted, StopSignals, denoisers
 from flowgrpo.learners import Advantages, build_learner
 from flowgrpo.noise_scale import GradientProbe, noise_message
 from flowgrpo.run_dir import RunWriter, check_run_config, require_video_writer
@@ -355,12 +355,18 @@ class Trainer:
         return out
 
     def request_stop(self, reason: str) -> None:
-        """Stop after the iteration under way, saving a checkpoint of it (what SIGINT/SIGTERM do)."""
+        """Stop after the iteration under way, saving a checkpoint of it (SIGINT/SIGTERM stop sooner: _on_signal)."""
         self.writer.warn(f"{reason}: saving a checkpoint after this iteration, then stopping")
         self._stop = True
 
-    def _on_signal(self, signum, frame):
-        self.request_stop(f"signal {signum}")
+    def _on_signal(self, signum: int) -> None:
+        """SIGINT/SIGTERM (flowgrpo/interrupts.py): one process stops at its next model call, in a state a
+        checkpoint can hold; several stop together after the iteration under way (collectives must match)."""
+        self._stop = True
+
+    def _checkpointable(self) -> bool:
+        """Whether the live state is a finished iteration's (no optimizer step taken since), so a signal may stop here."""
+        return self.world == 1 and self.optimizer_steps + self.skipped_steps == self._steps_at_checkpointable
 
     def _no_reward_message(self, iteration: int, local_rewards: torch.Tensor) -> str:
         """Which reward gave nothing (local_rewards [L, K]) and its last error, and the two ways on."""
@@ -387,6 +393,7 @@ class Trainer:
         """One iteration: SAMPLE -> SCORE -> ADVANTAGE -> UPDATE -> LOG (evaluation when due)."""
         cfg = self.cfg
         self.iteration = iteration
+        self._steps_at_checkpointable = self.optimizer_steps + self.skipped_steps  # a signal stops at the next model call
         times, started = {}, time.time()
         batches = self.sample(iteration)
         times["time/sample"] = time.time() - started
@@ -406,6 +413,7 @@ class Trainer:
             metrics.update(self._noise_report())
         times["time/update"] = time.time() - t0
         self.iteration = iteration + 1
+        self._steps_at_checkpointable = self.optimizer_steps + self.skipped_steps  # the update is done: checkpointable again
         leaf_rewards, leaf_adv = stats.pop("leaf_rewards"), stats.pop("leaf_advantages")
         metrics.update(stats)
         metrics.update(times)
@@ -419,7 +427,10 @@ class Trainer:
         final = self.iteration == cfg.train.iterations
         if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or final:
             if self.acc.is_main_process:
-                metrics.update(self.evaluate())
+                try:
+                    metrics.update(self.evaluate())
+                except Interrupted:  # this iteration's training is done: logged and saved without its evaluation
+                    pass
             self.acc.wait_for_everyone()
         metrics["time/iteration"] = time.time() - started
         self.writer.log(self.iteration, metrics)
@@ -433,14 +444,22 @@ class Trainer:
         self.writer.info(describe_batches(cfg, self.world, counts.get("leaves", 0), counts.get("trained", 0)))
         self.writer.info(startup_line())  # torch's CPU threads and why (flowgrpo/threads.py)
         self.writer.write_config(to_yaml(cfg), self.iteration)  # a changed config goes to config_history.jsonl
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                signal.signal(sig, self._on_signal)
-            except ValueError:  # not the main thread (e.g. inside some test runners)
-                pass
+        # SIGINT/SIGTERM: stop at the next model call, save, and tell the entry point (flowgrpo/interrupts.py)
+        self._steps_at_checkpointable = self.optimizer_steps + self.skipped_steps
+        signals = StopSignals(denoisers(self.model), ready=self._checkpointable, on_signal=self._on_signal).install()
         last = {}
         if cfg.eval.at_start and not resumed and self.acc.is_main_process:
-            last = self.evaluate()
+            try:
+                last = self.evaluate()
+            except BaseException as stop:
+                signals.remove()
+                if not isinstance(stop, Interrupted):
+                    raise
+                self.runner.close()  # stopped in the first evaluation: nothing trained, nothing to save
+                self.writer.close()
+                saved = checkpoint_dirs(cfg.run_dir)
+                raise Interrupted(stop.signum, self.iteration, cfg.train.iterations, None,
+                                  saved[-1] if saved else None) from None
             self.writer.log(0, last)
         # counted by hand after each finished iteration, so the count is true when the loop stops early
         bar = tqdm(desc="grpo", initial=self.iteration, total=cfg.train.iterations,
@@ -449,7 +468,15 @@ class Trainer:
         held_out = last.get("eval/mean_score")
         try:
             for iteration in range(self.iteration, cfg.train.iterations):
-                last = self.step(iteration)
+                nfe = self.nfe.state_dict()
+                try:
+                    last = self.step(iteration)
+                except Interrupted:  # before the iteration's first optimizer step: the state is the last finished one's
+                    self.nfe.load_state_dict(nfe)  # (the plan schedule and every draw are pure functions of the iteration)
+                    self.iteration = iteration
+                    if last.get("valid_reward_fraction") != 0:
+                        self.save()
+                    break
                 bar.update(1)
                 recent = (recent + [last.get("reward/" + self.rewards[0].name + "_mean", float("nan"))])[-5:]
                 held_out = last.get("eval/mean_score", held_out)
@@ -467,9 +494,15 @@ class Trainer:
                 if self._stop:
                     break
         finally:  # also when a dead reward stops the run: the bar ends at the iterations done, repeats are counted
+            signals.remove()
             bar.close()
             self.runner.close()
             self.writer.close()
+        if signals.signum is not None and self.iteration < cfg.train.iterations:  # the entry point prints where it stopped
+            saved = checkpoint_dirs(cfg.run_dir)
+            newest = saved[-1] if saved else None
+            raise Interrupted(signals.signum, self.iteration, cfg.train.iterations,
+                              newest if newest is not None and newest.name == f"step_{self.iteration}" else None, newest)
         if self.acc.is_main_process:
             self._summary()
         if cfg.log.gallery and self.acc.is_main_process and (self.writer.dir / "samples").is_dir():
