@@ -103,7 +103,9 @@ def choose_threads(requested: int = 0) -> ThreadChoice:
         return ThreadChoice(requested, "as asked")
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()
     if omp.isdigit() and int(omp) > 0:
-        return ThreadChoice(int(omp), "from OMP_NUM_THREADS")
+        launched = any(k in os.environ for k in ("ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION"))
+        return ThreadChoice(int(omp), "from OMP_NUM_THREADS" + (  # accelerate launch sets it (1) unless told otherwise
+            ", which accelerate launch sets (1 unless --num_cpu_threads_per_process N)" if launched else ""))
     cpus = available_cpus()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     if local > 1:

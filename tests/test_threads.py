@@ -48,8 +48,14 @@ def test_the_automatic_rule(cpus, busy, processes, torch_default, expected):
 
 
 def test_choice_order_and_the_measurement(monkeypatch):
+    for key in ("ACCELERATE_USE_CPU", "ACCELERATE_MIXED_PRECISION"):
+        monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert (choose_threads(0).threads, choose_threads(0).reason) == (3, "from OMP_NUM_THREADS")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # under accelerate launch, which sets OMP_NUM_THREADS itself
+    assert choose_threads(0).reason == ("from OMP_NUM_THREADS, which accelerate launch sets "
+                                        "(1 unless --num_cpu_threads_per_process N)")
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
     assert choose_threads(5).line() == "using 5 CPU threads (as asked)"
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(available_cpus() * 2))
