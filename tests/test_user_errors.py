@@ -166,6 +166,7 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "cannot import reward", "is not a reward", "is neither a YAML file nor one of",
                      "is not key=value", "unknown config key", "is not allowed", "with a space after each colon",
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
-                     "--samples-per-prompt must be", "build it with", "threads=-1 must be"):
+                     "--samples-per-prompt must be", "build it with", "threads=-1 must be",
+                     "already holds a run with another configuration", "no valid reward in"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
