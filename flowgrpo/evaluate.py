@@ -16,11 +16,14 @@ import samplers
 from rewards import Reward, load_reward
 
 
+def noise_seed(seed: int, index: int) -> int:
+    """The generator seed of prompt ``index``'s x_T in an evaluation with ``seed`` (recorded per sample)."""
+    return seed * 1_000_003 + index
+
+
 def initial_noise(shape: tuple[int, ...], seed: int, indices: Sequence[int]) -> torch.Tensor:
     """x_T for each prompt index: a pure function of (seed, prompt index), whatever the batching."""
-    noise = [
-        torch.randn(shape, generator=torch.Generator().manual_seed(seed * 1_000_003 + i)) for i in indices
-    ]
+    noise = [torch.randn(shape, generator=torch.Generator().manual_seed(noise_seed(seed, i))) for i in indices]
     return torch.stack(noise)
 
 

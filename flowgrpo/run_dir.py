@@ -337,13 +337,15 @@ class RunWriter:
         every evaluation, so the gallery compares the base model (eval_0) with every later step."""
         if not self.enabled:
             return
+        from flowgrpo.evaluate import noise_seed
+
         folder = self.dir / "samples" / f"eval_{step}"
         folder.mkdir(parents=True, exist_ok=True)
         lines = []
         for i, (text, item) in enumerate(zip(prompts, media)):
             lines.append(json.dumps({
                 "prompt": text, "metadata": metadata[i] if metadata else {}, "seed": seed, "iteration": step,
-                "noise_seed": seed * 1_000_003 + i,  # flowgrpo.evaluate.initial_noise's generator for prompt i
+                "noise_seed": noise_seed(seed, i),  # flowgrpo.evaluate.initial_noise's generator for prompt i
                 "prompt_slot": i, "group": i, "group_size": 1, "node": 0, "parent": -1,
                 "rewards": {reward_name: _clean(float(scores[i]))}, "advantage": None,
                 **_save_media(folder, f"e{i:04d}", item, fps),
