@@ -55,7 +55,7 @@ class Batch:
     texts: list[str]
     metadata: list[dict]
     images: torch.Tensor  # [L, 3, H, W] leaves decoded, in [0, 1] ([L, F, 3, H, W] for video models)
-    rewards: object = None  # Future -> [L, K] float32
+    rewards: list = None  # Futures of RewardResult, one per decoded chunk of leaves, in leaf order
 
 
 class NoValidRewardError(UserError, RuntimeError):
@@ -163,11 +163,16 @@ class Trainer:
                     f"from a checkpoint of {self.cfg.run_dir / 'checkpoints'} (or with resume=false)"
                 )
             chunk = 64 if self.modality == "image" else 8  # a decoded video weighs F images
-            images = torch.cat([self.model.decode(record.leaf_state[i : i + chunk]) for i in range(0, record.num_leaves, chunk)])
             leaf_texts = [texts[p] for p in record.leaf_prompt.tolist()]
             leaf_meta = [metadata[p] for p in record.leaf_prompt.tolist()]
-            batch = Batch(record, cond, slots, texts, metadata, images.cpu())
-            batch.rewards = self.runner.submit(batch.images, leaf_texts, leaf_meta)
+            # each decoded chunk goes to the rewards (a worker thread) at once, so scoring overlaps the next
+            # chunk's decode (measured on 2 cores: the reward wait of TempFlow's 400-odd leaves and of the video
+            # default's 64 clips falls from 0.2-0.3 s to one chunk's scoring, benchmarks/bench_overhead.py)
+            media, scores = [], []
+            for i in range(0, record.num_leaves, chunk):
+                media.append(self.model.decode(record.leaf_state[i : i + chunk]).cpu())
+                scores.append(self.runner.submit(media[-1], leaf_texts[i : i + chunk], leaf_meta[i : i + chunk]))
+            batch = Batch(record, cond, slots, texts, metadata, torch.cat(media), scores)
             batches.append(batch)
         return batches
 
@@ -175,7 +180,7 @@ class Trainer:
     def advantages(self, batches: list[Batch]) -> tuple[Advantages, dict]:
         """Per-transition [M_b] and per-leaf [L_b] advantages of each batch (NaN = masked), and stats."""
         cfg = self.cfg.advantage
-        results = [b.rewards.result() for b in batches]
+        results = [part.result() for b in batches for part in b.rewards]
         for result in results:
             for key, error in result.errors.items():
                 self._reward_errors[key] = error
@@ -231,6 +236,11 @@ class Trainer:
     def train_velocity(self, x, sigma, cond):
         with self.acc.autocast():
             return self.model.velocity(x, sigma, cond, self.cfg.sampling.guidance_scale)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` through accelerate; the network's share of it is timed (``model.call_timer``)."""
+        with self.model.call_timer.backward():
+            self.acc.backward(loss)
 
     def optimizer_step(self) -> float:
         grads = [p.grad for p in self.params if p.grad is not None]
@@ -394,9 +404,11 @@ class Trainer:
         cfg = self.cfg
         self.iteration = iteration
         self._steps_at_checkpointable = self.optimizer_steps + self.skipped_steps  # a signal stops at the next model call
-        times, started = {}, time.time()
+        timer = self.model.call_timer  # time inside the network's calls, per phase (the rest is overhead)
+        times, started, model_start = {}, time.time(), timer.totals()
         batches = self.sample(iteration)
         times["time/sample"] = time.time() - started
+        model_sampled = timer.totals()
         t0 = time.time()
         advantages, stats = self.advantages(batches)
         times["time/score_wait_and_advantage"] = time.time() - t0
@@ -412,6 +424,10 @@ class Trainer:
         if self.probe.active:
             metrics.update(self._noise_report())
         times["time/update"] = time.time() - t0
+        sampling, updating = timer.delta(model_sampled, model_start), timer.delta(timer.totals(), model_sampled)
+        times["time/model_sample"] = sampling["total"]
+        times["time/model_update_forward"] = updating["forward"]
+        times["time/model_update_backward"] = updating["backward"]
         self.iteration = iteration + 1
         self._steps_at_checkpointable = self.optimizer_steps + self.skipped_steps  # the update is done: checkpointable again
         leaf_rewards, leaf_adv = stats.pop("leaf_rewards"), stats.pop("leaf_advantages")

@@ -167,7 +167,7 @@ class ForwardLearner(Learner):
                     if micro and (g is None or rows >= limit):
                         members = [samples[i] for h in micro for i in by_group[h]]
                         loss, d = self.micro_loss(members, batches, epoch, latent, grid, first=epoch == 0 and u == 0)
-                        tr.acc.backward(loss)
+                        tr.backward(loss)
                         tr.probe.after_backward(len({s.key[0] for s in members}))
                         diag["loss"].append(loss.detach().reshape(1))
                         for key, value in d.items():

@@ -86,7 +86,7 @@ class TransitionLearner(Learner):
                 tr.probe.begin_step()
                 for part in self._micro_batches(selected, rows, t.micro_batch, tr.probe.active):
                     loss, d = self._micro_step([rows[i] for i in part], [coef[i] * t.updates_per_epoch for i in part], batches)
-                    tr.acc.backward(loss)
+                    tr.backward(loss)
                     tr.probe.after_backward(len({rows[i][5] for i in part}))
                     for key in ("log_ratio", "clipped_high", "clipped_low", "approx_kl", "kl"):
                         diag[key].append(d[key])
