@@ -108,7 +108,7 @@ def test_timed_calls_times_a_network_called_directly_and_unhooks():
 def test_the_peer_computes_the_same_log_probs_from_the_same_noise(tiny_sd3_dir, tmp_path):
     result = bench_peer.main(["--flow-grpo", PEER, "--check-only", "--prompts", "2", "--group", "2", "--steps", "4",
                               "--micro-batch", "4", f"model.pretrained={tiny_sd3_dir}", f"output_dir={tmp_path}",
-                              "model.lora_rank=4", "model.lora_alpha=4.0"])
+                              "model.resolution=32", "model.lora_rank=4", "model.lora_alpha=4.0"])
     assert [c["ok"] for c in result["checks"]] == [True, True, True]
     assert result["trained"] == 3 and len(result["peer_commit"]) >= 7
 
@@ -117,7 +117,7 @@ def test_the_peer_computes_the_same_log_probs_from_the_same_noise(tiny_sd3_dir, 
 def test_the_peer_comparison_times_both_sides(tiny_sd3_dir, tmp_path):
     result = bench_peer.main(["--flow-grpo", PEER, "--repeats", "1", "--prompts", "2", "--group", "2", "--steps", "4",
                               "--micro-batch", "4", f"model.pretrained={tiny_sd3_dir}", f"output_dir={tmp_path}",
-                              "model.lora_rank=4", "model.lora_alpha=4.0"])
+                              "model.resolution=32", "model.lora_rank=4", "model.lora_alpha=4.0"])
     for key in ("ours_sample", "ours_train", "peer_sample", "peer_train"):
         assert 0 < result["median_model_s"][key] < result["median_s"][key]
     assert result["ratio_iteration"] > 0
