@@ -1,7 +1,7 @@
 """Pretrain the embedded tiny SD3 model on the toy world: ``flowgrpo pretrain-toy``.
 
 Stages (each resumable from ``--work-dir``; rerunning the same command continues where it stopped):
-  1. VAE      an ``AutoencoderKL`` learns to reconstruct rendered 64x64 scenes (L1 + tiny KL).
+  1. VAE      an ``AutoencoderKL`` learns to reconstruct rendered scenes (32x32; L1 + tiny KL).
   2. DATA     a fixed set of scenes is rendered from the train prompts (task-balanced) and encoded
               once; the latent mean/std set the VAE's ``shift_factor``/``scaling_factor`` as SD3 does.
   3. FLOW     rectified-flow matching of the ``SD3Transformer2DModel`` and the three text encoders,
@@ -120,17 +120,20 @@ def _images_to_tensor(images: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div(255.0)
 
 
-def _toy_images(rng: random.Random, n: int) -> torch.Tensor:
-    """n rendered train scenes, float [n, 3, 64, 64] in [0, 1]."""
+def toy_images(size: int) -> Callable[[random.Random, int], torch.Tensor]:
+    """``sample(rng, n)``: n rendered train scenes, float [n, 3, size, size] in [0, 1]."""
     train = world.train_prompts()
-    return _images_to_tensor([world.render_prompt(rng.choice(train), rng.randrange(2**31)) for _ in range(n)])
+
+    def sample(rng: random.Random, n: int) -> torch.Tensor:
+        return _images_to_tensor([world.render_prompt(rng.choice(train), rng.randrange(2**31), size) for _ in range(n)])
+
+    return sample
 
 
-def train_vae(
-    pipe, cfg, work: Path, sample_pixels: Callable[[random.Random, int], torch.Tensor] = _toy_images
-) -> None:
+def train_vae(pipe, cfg, work: Path, sample_pixels: Callable[[random.Random, int], torch.Tensor] | None = None) -> None:
     """Stage 1: the VAE learns to reconstruct ``sample_pixels(rng, vae_batch)`` (floats in [0, 1];
     images [B, 3, H, W] or, for a video VAE, clips [B, 3, F, H, W]) with L1 + a tiny KL."""
+    sample_pixels = sample_pixels or toy_images(cfg.sizes.image_size)
     vae = pipe.vae
     state = _State(work / "vae")
     optimizer = torch.optim.Adam(vae.parameters(), lr=cfg.vae_lr)
@@ -178,7 +181,7 @@ def build_dataset(pipe, cfg: PretrainConfig, work: Path) -> tuple[torch.Tensor, 
     prompts = _balanced_prompts(cfg.dataset_size, cfg.seed)
 
     def render(chunk, seeds):
-        return _images_to_tensor([world.render_prompt(p, s) for p, s in zip(chunk, seeds)])
+        return _images_to_tensor([world.render_prompt(p, s, cfg.sizes.image_size) for p, s in zip(chunk, seeds)])
 
     return encode_dataset(pipe.vae, prompts, render, cfg.seed, work, batch=256), [p.text for p in prompts]
 
@@ -232,6 +235,7 @@ def evaluate_snapshot(folder: Path, cfg: PretrainConfig) -> dict:
             "family": "sd3",
             "pretrained": str(folder),
             "device": "cpu",
+            "resolution": cfg.sizes.image_size,
             "guidance_scale": cfg.eval_guidance,
             "sample_steps": cfg.eval_steps,
             "max_sequence_length": TEXT_TOKENS,

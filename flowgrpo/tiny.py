@@ -83,10 +83,10 @@ def build_clip_tokenizer(corpus: Iterable[str], max_length: int = 16):
 
 @dataclass(frozen=True)
 class TinySD3Sizes:
-    """Sizes of a tiny SD3. Defaults: the shipped toy model (64x64 images, 16x16x4 latents)."""
+    """Sizes of a tiny SD3. Defaults: the shipped toy model (32x32 images, 4x8x8 latents, 16 image tokens)."""
 
-    image_size: int = 64
-    vae_channels: tuple[int, ...] = (16, 32, 32)  # 3 blocks: 64 px -> 16 latent px
+    image_size: int = 32
+    vae_channels: tuple[int, ...] = (16, 32, 32)  # 3 blocks: 32 px -> 8 latent px
     latent_channels: int = 4
     text_width: int = 64  # each of the two CLIP encoders
     text_layers: int = 3  # SD3 reads the penultimate hidden state

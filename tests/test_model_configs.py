@@ -32,7 +32,7 @@ def test_shipped_values():
     assert (flux.family, flux.pretrained, flux.guidance_scale) == ("flux", "black-forest-labs/FLUX.1-dev", 3.5)
     assert flux.max_sequence_length == 512 and flux.resolution % 16 == 0
     tiny = validate_model_config(OmegaConf.load(CONFIG_DIR / "tiny_sd3.yaml"))
-    assert (tiny.family, tiny.pretrained, tiny.dtype, tiny.resolution) == ("sd3", "tiny-sd3", "float32", 64)
+    assert (tiny.family, tiny.pretrained, tiny.dtype, tiny.resolution) == ("sd3", "tiny-sd3", "float32", 32)
     wan = validate_model_config(OmegaConf.load(CONFIG_DIR / "wan2_1_t2v_1_3b.yaml"))
     assert (wan.family, wan.pretrained, wan.dtype) == ("wan", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "bfloat16")
     assert (wan.resolution, wan.width, wan.num_frames, wan.guidance_scale, wan.shift) == (480, 832, 81, 5.0, 3.0)

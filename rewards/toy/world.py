@@ -143,18 +143,23 @@ def _object_mask(obj: ToyObject, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     raise ValueError(f"unknown shape {obj.shape!r}; expected one of {SHAPES}")
 
 
-def render(scene: Scene, size: int = IMAGE_SIZE) -> np.ndarray:
-    """Render a scene to uint8 [size, size, 3] RGB (64 by default), anti-aliased by 4x4 supersampling."""
+def render(scene: Scene, size: int = IMAGE_SIZE, scene_size: int | None = None) -> np.ndarray:
+    """Render a scene to uint8 [size, size, 3] RGB, anti-aliased by 4x4 supersampling per output pixel.
+
+    The scene's coordinates are pixels of a `scene_size` grid (default: `size`). An image world
+    scene lives on the IMAGE_SIZE (64) grid; rendered at a smaller `size` (the 32x32 tiny SD3) it is
+    the same scene scaled down, each output pixel averaging 4x4 samples of its larger footprint."""
     n = size * SUPERSAMPLE
-    coords = (np.arange(n, dtype=np.float32) + 0.5) / SUPERSAMPLE
+    per_sample = (scene_size or size) / n  # scene units per supersample
+    coords = (np.arange(n, dtype=np.float32) + 0.5) * np.float32(per_sample)
     canvas = np.empty((n, n, 3), dtype=np.float32)  # [n, n, 3] supersampled RGB
     canvas[:] = BACKGROUND
     for obj in scene.objects:
         if obj.color not in COLORS:
             raise ValueError(f"unknown colour {obj.color!r}; expected one of {tuple(COLORS)}")
-        # only the object's bounding box (plus one pixel) can be covered
-        x0, x1 = (max(0, int((obj.cx + d * (obj.size + 1)) * SUPERSAMPLE)) for d in (-1, 1))
-        y0, y1 = (max(0, int((obj.cy + d * (obj.size + 1)) * SUPERSAMPLE)) for d in (-1, 1))
+        # only the object's bounding box (plus one scene pixel) can be covered
+        x0, x1 = (max(0, int((obj.cx + d * (obj.size + 1)) / per_sample)) for d in (-1, 1))
+        y0, y1 = (max(0, int((obj.cy + d * (obj.size + 1)) / per_sample)) for d in (-1, 1))
         window = canvas[y0:y1, x0:x1]
         window[_object_mask(obj, coords[None, x0:x1], coords[y0:y1, None])] = COLORS[obj.color]
     pooled = canvas.reshape(size, SUPERSAMPLE, size, SUPERSAMPLE, 3).mean(axis=(1, 3))
@@ -374,9 +379,9 @@ def scene_for_prompt(prompt: ToyPrompt, rng: random.Random) -> Scene:
     return _place(specs, rng, relation)
 
 
-def render_prompt(prompt: ToyPrompt, seed: int) -> np.ndarray:
-    """Ground-truth image uint8 [64, 64, 3] for `prompt`, deterministic in `seed`."""
-    return render(scene_for_prompt(prompt, random.Random(seed)))
+def render_prompt(prompt: ToyPrompt, seed: int, size: int = IMAGE_SIZE) -> np.ndarray:
+    """Ground-truth image uint8 [size, size, 3] for `prompt`, deterministic in `seed`."""
+    return render(scene_for_prompt(prompt, random.Random(seed)), size, scene_size=IMAGE_SIZE)
 
 
 if __name__ == "__main__":
