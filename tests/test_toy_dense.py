@@ -41,7 +41,20 @@ def test_position_credit_is_smooth_in_the_offset():
     credits = []
     for bx in (24.0, 30.0, 32.0, 34.0, 40.0):
         b = detection(1.0, color="blue", cx=bx)
-        credits.append(soft_clause_credits(prompt, [a, b], 2.0, 0.1, 2.0)[-1])  # the position clause
+        credits.append(soft_clause_credits(prompt, [a, b], 2.0, 0.1, 2.0)[-2])  # the position clause (the scene clause is last)
     assert all(y > x for x, y in zip(credits, credits[1:])) and credits[0] < 0.05 and credits[-1] > 0.95, credits
     with pytest.raises(ValueError, match="must be > 0"):
         load_reward("toy_dense", shape_tau=0)
+
+
+def test_extra_objects_cost_the_scene_clause():
+    """Colour and position clauses take the best match among all components, so clutter can only raise
+    them; the scene clause (the last) charges each component beyond the prompt's objects."""
+    prompt = world.parse_prompt("a photo of a red circle left of a blue square")
+    scene = [detection(2 / 3, color="red", cx=20.0), detection(1.0, color="blue", cx=40.0)]
+    fragments = [detection(0.8, color="green", cx=10.0 + 8 * i, cy=10.0) for i in range(3)]
+    clean = soft_clause_credits(prompt, scene, 2.0, 0.1, 2.0)
+    cluttered = soft_clause_credits(prompt, scene + fragments, 2.0, 0.1, 2.0)
+    assert clean[-1] == 1.0 and cluttered[-1] == 0.0 and clean[:-1] == cluttered[:-1]
+    assert soft_clause_credits(prompt, scene + fragments[:1], 2.0, 0.1, 2.0)[-1] == 0.5
+    assert soft_clause_credits(world.parse_prompt("a photo of four circles"), [], 2.0, 0.1, 2.0)[-1] == 0.0

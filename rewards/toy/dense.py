@@ -17,7 +17,12 @@ verdicts by smooth ones:
   prompt binds one), credit 1 − |n − K|/K clipped at 0;
 - colour clause: the best m_S among components of the right colour;
 - position clause: the best-matching pair (by m_a·m_b, colours exact) scores m_a·m_b·σ((along −
-  max(margin, |across|))/``position_scale``), σ the logistic function.
+  max(margin, |across|))/``position_scale``), σ the logistic function;
+- scene clause, one per prompt: 1 − |N − K|/K clipped at 0, N the detected components of any shape
+  and colour, K the objects the prompt names. The scorer's colour and position clauses take the best
+  match among all components, so without it a policy gains by drawing more objects (measured: the
+  default run's two-object scenes went from 3.1 to 5.8 components in 120 iterations while `toy` fell
+  on every counting task); with it, clutter costs what it costs in the counting clauses.
 
 It agrees with `toy` on clean renders (every clause near 1 when the scene is right) and moves
 smoothly between verdicts. It is a training reward only: evaluations keep `toy`, so held-out numbers
@@ -79,6 +84,9 @@ def soft_clause_credits(prompt, detections: list[dict], margin: float, tau: floa
             credits.append(best)
         else:
             raise ValueError(f"unknown clause type {clause['type']!r} in {prompt.text!r}")
+    # the scene clause: the prompt's objects and nothing else (every detected component counts)
+    named = sum(expected.values())
+    credits.append(max(0.0, 1.0 - abs(len(detections) - named) / named))
     return credits
 
 
