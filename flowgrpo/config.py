@@ -140,6 +140,11 @@ class TrainConfig:
     ema_decay: float = 0.0  # EMA of trainable weights used for evaluation (0 = off)
     mixed_precision: str = "no"  # accelerate's: no | bf16 | fp16
     seed: int = 0  # every random draw is a pure function of (seed, iteration, prompt, node)
+    # draw training prompts so that every value of this metadata key (e.g. "task") comes up equally often:
+    # each run of N slots (N values) holds one prompt of each value, each value's prompts in their own seeded
+    # order. "" (or a prompt set whose prompts carry no such key, e.g. a .txt file) draws every prompt once
+    # per pass; a set where only some prompts carry it is refused.
+    balance_by: str = ""
     cpu: bool = False  # force CPU (and make accelerate run distributed on CPU with gloo)
     # stop the run, naming the reward and its last error, after this many consecutive iterations in which no
     # sample got a finite reward (a reward that fails on every call); such iterations are never checkpointed (0 = never stop)
@@ -245,9 +250,17 @@ def _unknown_key_message(exc: Exception, schema: Any) -> str:
     return f"unknown config key {full!r}{hint}"
 
 
+# A preset states a whole method: each of these sections that it writes replaces the embedded default's (the
+# default's 6-step plan, its learner's draw count or its advantage std would otherwise leak into the paper's method).
+METHOD_SECTIONS = ("sampling", "learner", "advantage", "loss")
+
+
 def load_config(preset: str | None = None, model: str | None = None, overrides: list[str] | None = None,
                 base: str | dict | None = None, default: str = "default") -> Config:
     """Merge default ← base ← preset ← model ← overrides onto the schema, then validate.
+
+    A METHOD_SECTIONS section that the preset writes replaces the default's section (schema defaults
+    under the preset's keys) instead of merging into it.
 
     ``default`` is the embedded default: a name in configs/ ("default" for text-to-image,
     "default_t2v" for text-to-video) or a YAML file."""
@@ -259,6 +272,9 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
         layers.append(OmegaConf.load(_resolve_yaml(base, "presets")))
     if preset:
         layers.append(OmegaConf.load(_resolve_yaml(preset, "presets")))
+        for section in METHOD_SECTIONS:  # the preset's method replaces the default's, key by key it would leak
+            if section in layers[-1]:
+                layers[0].pop(section, None)
     if model:
         layers.append(OmegaConf.create({"model": OmegaConf.load(_resolve_yaml(model, "models"))}))
     if overrides:

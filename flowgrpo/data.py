@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
+import samplers
 from flowgrpo.errors import UserError
 
 
@@ -58,3 +61,45 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
         raise PromptFileError(f"no prompts in {spec!r}; write one prompt a line (.txt) or one "
                               '{"prompt": ...} a line (.jsonl)')
     return prompts, metadata
+
+
+def strata(metadata: list[dict], key: str, spec: str = "prompts") -> dict[str, list[int]] | None:
+    """The prompt indices grouped by ``metadata[i][key]`` (train.balance_by), {value: indices} ordered by value;
+    None when no prompt carries the key (a plain .txt file: every prompt is drawn uniformly).
+
+    A set where some prompts carry the key and others do not is refused with the fix: balancing it would
+    silently leave the unlabelled prompts out or lump them together."""
+    labelled = [isinstance(m, dict) and key in m for m in metadata]
+    if not any(labelled):
+        return None
+    if not all(labelled):
+        i = labelled.index(False)
+        raise PromptFileError(
+            f"train.balance_by={key!r} but prompt {i} of {spec!r} has no metadata {key!r} while others do; give every "
+            f'line of the .jsonl file {{"prompt": ..., "metadata": {{"{key}": ...}}}}, or set train.balance_by=\'\' to '
+            "draw prompts uniformly")
+    groups: dict[str, list[int]] = {}
+    for i, m in enumerate(metadata):
+        groups.setdefault(str(m[key]), []).append(i)
+    return {v: groups[v] for v in sorted(groups)}
+
+
+def draw_prompt(position: int, count: int, seed: int, groups: list[list[int]] | None = None) -> int:
+    """The prompt index of the ``position``-th training slot of a run (iteration × prompts per iteration + slot).
+
+    Without groups: a seeded permutation of the ``count`` prompts per pass, so each pass draws every
+    prompt once. With groups (the values of ``strata``): each run of len(groups) slots holds one prompt of every
+    group in a seeded order, and each group's prompts come in their own seeded permutation per pass
+    over that group, so a group of 2 prompts and one of 744 are drawn equally often. A pure function
+    of its arguments (resume, processes and batch sizes draw the same prompts)."""
+    def permutation(n: int, *parts: int) -> torch.Tensor:
+        return torch.randperm(n, generator=samplers.make_generator(seed, *parts))
+
+    if groups is None:
+        epoch, offset = divmod(position, count)
+        return int(permutation(count, 7, epoch)[offset])
+    cycle, k = divmod(position, len(groups))
+    group = int(permutation(len(groups), 8, cycle)[k])
+    members = groups[group]
+    epoch, offset = divmod(cycle, len(members))
+    return members[int(permutation(len(members), 9, group, epoch)[offset])]

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from flowgrpo.config import load_config
-from flowgrpo.data import PromptFileError, read_prompts
+from flowgrpo.data import PromptFileError, read_prompts, strata
 from flowgrpo.errors import EXIT_USER_ERROR, UserError, reward_class
 from flowgrpo.interrupts import Interrupted, follow_launcher, hold_signals, resume_command
 from flowgrpo.paths import configs_dir, resolve_pretrained
@@ -59,7 +59,9 @@ def preflight(cfg) -> None:
         resolve_pretrained(cfg.model.pretrained)  # a missing built-in model names the command that builds it
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
-    read_prompts(cfg.prompts)
+    _, metadata = read_prompts(cfg.prompts)
+    if cfg.train.balance_by:
+        strata(metadata, cfg.train.balance_by, cfg.prompts)
     try:
         read_prompts(cfg.eval.prompts, cfg.eval.limit)
     except PromptFileError as exc:

@@ -121,15 +121,17 @@ class GradientProbe:
         return {"grad_noise/signal_sq": signal, "grad_noise/trace": trace}
 
 
-def noise_message(noise: float | None, units: int, lower_bound: float | None = None, unit_name: str = "prompts") -> str:
-    """The one line printed when the batch is below the noise scale (or no signal is seen)."""
+def noise_message(noise: float | None, units: int, lower_bound: float | None = None, unit_name: str = "prompts",
+                  forward_learner: bool = False) -> str:
+    """The one line printed when the batch is below the noise scale (or no signal is seen); a run that already
+    trains a forward-process learner is not told to use one."""
     if noise is None:
         bound = f" (B_noise > {lower_bound:,.0f} {unit_name})" if lower_bound else ""
         return (f"gradient noise scale: no signal detected over {units} {unit_name} per step{bound}; the update "
                 "may be following noise (docs/learner.md)")
     return (f"gradient noise scale ≈ {noise:,.0f} {unit_name} per step, {noise / max(units, 1):.1f}× the batch of {units}: "
-            "each step is mostly noise; raise train.prompts_per_iteration, lower the learning rate, or use a "
-            "forward-process learner (docs/learner.md)")
+            "each step is mostly noise; raise train.prompts_per_iteration" + (" or lower the learning rate" if forward_learner
+            else ", lower the learning rate, or use a forward-process learner") + " (docs/learner.md)")
 
 
 __all__ = ["GradientProbe", "NoiseScale", "fit_noise", "noise_message"]

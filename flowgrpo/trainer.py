@@ -33,7 +33,7 @@ from flowgrpo.checkpoint import (
     checkpoint_dirs, load_checkpoint, optimizer_from_flat, optimizer_to_flat, prune_checkpoints, save_checkpoint,
 )
 from flowgrpo.config import Config, ConfigError, describe_batches, plan_arguments, processes_check, to_yaml
-from flowgrpo.data import read_prompts
+from flowgrpo.data import draw_prompt, read_prompts, strata
 from flowgrpo.errors import UserError
 from flowgrpo.interrupts import Interrupted, StopSignals, denoisers
 from flowgrpo.learners import Advantages, build_learner
@@ -61,10 +61,6 @@ class Batch:
 class NoValidRewardError(UserError, RuntimeError):
     """No sample got a valid reward for train.max_iterations_without_reward iterations in a row: the entry
     points print the message (the reward, its last error, the fix) as one line, exit status 2."""
-
-
-def _seeded_permutation(n: int, *parts: int) -> torch.Tensor:
-    return torch.randperm(n, generator=samplers.make_generator(*parts))
 
 
 class Trainer:
@@ -101,12 +97,18 @@ class Trainer:
             window=dict(cfg.sampling.window) or None, seed=t.seed,
         )
         self.prompts, self.metadata = read_prompts(cfg.prompts)
+        self.strata = strata(self.metadata, t.balance_by, cfg.prompts) if t.balance_by else None
         self.ema = [p.detach().clone() for p in self.params] if t.ema_decay > 0 else None
         self.nfe = samplers.NFECounter()
         self.iteration, self.optimizer_steps, self.skipped_steps = 0, 0, 0
         self.learner = build_learner(self)  # the update rule (learner.name): flowgrpo/learners/
         self.probe = GradientProbe(self.params)  # the gradient noise scale (log.grad_noise_every)
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
+        if t.balance_by:
+            self.writer.info(
+                f"training prompts: {len(self.prompts)}, drawn uniformly (none carries metadata {t.balance_by!r})"
+                if self.strata is None else f"training prompts: {len(self.prompts)} in {len(self.strata)} groups of "
+                f"{t.balance_by!r} ({', '.join(f'{v} {len(g)}' for v, g in self.strata.items())}), each group drawn equally often")
         # rewards of batch b run in a worker thread while batch b+1 samples; a failing reward is
         # retried, then gives NaN for that batch (masked out of the loss) and a warning (advantages() reports it,
         # once per distinct error); train.max_iterations_without_reward rewardless iterations in a row stop the run
@@ -135,10 +137,9 @@ class Trainer:
         return [list(range(b * per, (b + 1) * per))[self.rank :: self.world] for b in range(B)]
 
     def _dataset_index(self, iteration: int, slot: int) -> int:
-        """Which prompt fills a slot: a seeded permutation per pass over the prompt set."""
+        """Which prompt fills a slot (data.draw_prompt: uniform passes, or balanced over train.balance_by)."""
         position = iteration * self.cfg.train.prompts_per_iteration + slot
-        epoch, offset = divmod(position, len(self.prompts))
-        return int(_seeded_permutation(len(self.prompts), self.cfg.train.seed, 7, epoch)[offset])
+        return draw_prompt(position, len(self.prompts), self.cfg.train.seed, self.strata and list(self.strata.values()))
 
     # ---------------------------------------------------------------- SAMPLE + SCORE
     @torch.no_grad()
@@ -361,7 +362,8 @@ class Trainer:
         if noise is not None:
             out["grad_noise/B_noise_prompts"] = noise
         if len(self.probe.scale.points) >= 3 and (noise is None or noise > per_step):
-            self.writer.info(noise_message(noise, per_step, self.probe.scale.lower_bound))
+            self.writer.info(noise_message(noise, per_step, self.probe.scale.lower_bound,
+                                           forward_learner=not self.learner.needs_transitions))
         return out
 
     def request_stop(self, reason: str) -> None:

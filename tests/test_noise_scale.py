@@ -31,7 +31,8 @@ def test_averages_are_divided_and_a_value_needs_a_significant_signal():
     assert noisy.value is None and noisy.lower_bound == pytest.approx(4.0 / (0.0625 + 2 * float(torch.tensor(
         [-0.1, 0.3, -0.05, 0.1], dtype=torch.float64).std() / 2)))
     assert "no signal detected" in noise_message(None, 8, 23.4) and "B_noise > 23 prompts" in noise_message(None, 8, 23.4)
-    assert "5.0× the batch of 8" in noise_message(40.0, 8)
+    assert "5.0× the batch of 8" in noise_message(40.0, 8) and "use a forward-process learner" in noise_message(40.0, 8)
+    assert "forward-process" not in noise_message(40.0, 8, forward_learner=True)  # it already is one
 
 
 @pytest.mark.parametrize("dim, sigma, mean", [(200, 1.0, 2.0), (50, 0.3, 0.3), (50, 0.3, 0.0)])

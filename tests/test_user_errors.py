@@ -24,6 +24,7 @@ def _train_t2i():
 @pytest.fixture
 def files(tmp_path):
     (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "mixed.jsonl").write_text('{"prompt": "a", "metadata": {"task": "x"}}\n{"prompt": "b"}\n')
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a photo of a circle"}\n{oops\n')
     (tmp_path / "not_a_checkpoint").mkdir()
     (tmp_path / "not_a_checkpoint" / "notes.txt").write_text("hello")
@@ -44,6 +45,7 @@ TRAINING = [
     (["prompts={tmp}/missing.txt"], r"prompts '.*missing.txt' is neither a built-in set \(toy-train, .*\) nor an existing"),
     (["prompts={tmp}/bad.jsonl"], r"bad.jsonl:2 is not valid JSON"),
     (["eval.prompts={tmp}/empty.txt"], r"eval.prompts: no prompts in"),
+    (["train.balance_by=task", "prompts={tmp}/mixed.jsonl"], r"train.balance_by='task' but prompt 1 of '.*mixed.jsonl' has no metadata 'task' while others do"),
     (["rewards=[{{name: toy_dence}}]"], r"unknown reward 'toy_dence' in rewards\[0\].name; did you mean 'toy_dense'\?"),
     (["eval.reward=pickscor"], r"unknown reward 'pickscor' in eval.reward; did you mean 'pickscore'\?"),
     (["rewards=[{{name: 'no_such_module:Reward'}}]"], r"cannot import reward 'no_such_module:Reward' \(rewards\[0\].name\)"),
@@ -162,7 +164,7 @@ def test_errors_doc_lists_every_class_with_its_message():
     stated = re.search(r"(\d+) classes: (\d+) of the training scripts .*?, (\d+) of `flowgrpo eval`", doc, re.S)
     assert stated and int(stated[1]) == len(rows) == int(stated[2]) + int(stated[3]), (stated, len(rows))
     assert int(stated[3]) == len(EVAL)
-    for fragment in ("no prompts in", "is neither a built-in set", "is not valid JSON", "unknown reward",
+    for fragment in ("no prompts in", "has no metadata", "is neither a built-in set", "is not valid JSON", "unknown reward",
                      "cannot import reward", "is not a reward", "is neither a YAML file nor one of",
                      "is not key=value", "unknown config key", "is not allowed", "with a space after each colon",
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
