@@ -104,8 +104,9 @@ def plot(results: list[dict], path: Path, target: float) -> None:
     img.save(path)
 
 
-def image_grid(run_dir: Path, path: Path, count: int = 8, scale: int = 2) -> None:
-    """The first ``count`` held-out images of the first evaluation (top row) and of the last (bottom row)."""
+def image_grid(run_dir: Path, path: Path, count: int = 8, shown: int = 128) -> None:
+    """The first ``count`` held-out images of the first evaluation (top row) and of the last (bottom row),
+    each enlarged (nearest neighbour) to about ``shown`` pixels."""
     from PIL import Image
 
     evals = sorted((p for p in (run_dir / "samples").glob("eval_*") if (p / "manifest.jsonl").is_file()),
@@ -114,7 +115,7 @@ def image_grid(run_dir: Path, path: Path, count: int = 8, scale: int = 2) -> Non
     for folder in (evals[0], evals[-1]):
         lines = [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines()[:count]]
         rows.append([Image.open(folder / m["file"]).convert("RGB") for m in lines])
-    size = rows[0][0].size[0] * scale
+    size = rows[0][0].size[0] * max(1, shown // rows[0][0].size[0])
     grid = Image.new("RGB", (size * count + 4 * (count - 1), size * 2 + 4), "white")
     for r, row in enumerate(rows):
         for c, image in enumerate(row):

@@ -74,7 +74,7 @@ def test_diffusion_nft_resumes_bit_identically(tiny_sd3_dir, tmp_path):
         (["learner.name=ppo"], "learner.name='ppo' is unknown"),
         (["learner.name=transition", "sampling.method=ode"], "leaves the transition learner nothing to train"),
         (["rewards=[{name:toy}]"], "write each reward as {name: NAME, weight: W}"),
-        (["learner.name=dgpo"], "set learner.share_draws=group"),
+        (["learner.name=dgpo", "learner.share_draws=sample"], "set learner.share_draws=group"),
         (["learner.time_min=0.9", "learner.time_max=0.5"], "learner.time_min=0.9 < learner.time_max=0.5"),
         (["learner.time_sampler=beta"], "learner.time_sampler='beta' is not allowed"),
     ],
