@@ -75,7 +75,7 @@ def test_default_t2v_config_loads_and_composes():
     assert (cfg.model.family, cfg.model.pretrained, cfg.model.num_frames, cfg.model.finetune) == ("wan", "tiny-wan", 9, "lora")
     assert cfg.prompts == "toy-video-train" and [r.name for r in cfg.rewards] == ["toy_video"]
     assert (cfg.eval.prompts, cfg.eval.reward) == ("toy-video-eval", "toy_video")
-    assert cfg.sampling.method == "flow_grpo" and cfg.sampling.plan["group_size"] == 8
+    assert cfg.sampling.method == "ode" and cfg.learner.name == "diffusion_nft" and cfg.sampling.plan["group_size"] == 8
     assert cfg.run_name == "tiny-wan-toy-video"
     # presets, model configs and overrides compose on top, as for images
     cfg = load_config("mixgrpo", "wan2_1_t2v_1_3b", ["train.iterations=3"], default="default_t2v")
