@@ -13,6 +13,7 @@ numbers fail with an error that prints them. ``describe_batches`` is logged at s
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -134,6 +135,11 @@ class TrainConfig:
     updates_per_epoch: int = 1  # optimizer steps per pass (transitions split evenly, whole groups kept)
     micro_batch: int = 64  # transitions per forward/backward (gradient accumulation inside an update)
     learning_rate: float = 3e-4
+    # the learning rate over the run, a pure function of the iteration (resumes need no scheduler state):
+    # constant | cosine (half a cosine from learning_rate down to lr_final·learning_rate at train.iterations)
+    # | linear (a straight line between the same two ends)
+    lr_schedule: str = "constant"
+    lr_final: float = 0.0  # the end of a cosine or linear schedule, as a fraction of learning_rate
     weight_decay: float = 0.0
     adam_betas: tuple = (0.9, 0.999)
     grad_clip: float = 1.0  # max gradient norm (0 = off)
@@ -302,6 +308,19 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
     return cfg
 
 
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
+def learning_rate_at(t: "TrainConfig", iteration: int) -> float:
+    """train.learning_rate scaled by train.lr_schedule at ``iteration`` of train.iterations (0-based; the
+    last iteration's rate is lr_final·learning_rate)."""
+    if t.lr_schedule == "constant":
+        return t.learning_rate
+    progress = min(1.0, iteration / max(1, t.iterations - 1))
+    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if t.lr_schedule == "cosine" else 1.0 - progress
+    return t.learning_rate * (t.lr_final + (1.0 - t.lr_final) * shape)
+
+
 def validate(cfg: Config) -> None:
     """Check choices and batch arithmetic; errors print the numbers involved."""
     import samplers
@@ -349,6 +368,9 @@ def validate(cfg: Config) -> None:
             f"train.updates_per_epoch={t.updates_per_epoch} > train.prompts_per_iteration={t.prompts_per_iteration}: "
             "each update needs at least one whole group; lower updates_per_epoch"
         )
+    if t.lr_schedule not in LR_SCHEDULES or not 0 <= t.lr_final <= 1:
+        raise ConfigError(f"train.lr_schedule={t.lr_schedule!r} must be one of {', '.join(LR_SCHEDULES)} and "
+                          f"train.lr_final={t.lr_final} within [0, 1] (a fraction of train.learning_rate)")
     if t.max_iterations_without_reward < 0:
         raise ConfigError(f"train.max_iterations_without_reward={t.max_iterations_without_reward} must be ≥ 0 (0 = never stop)")
     if cfg.log.video_fps < 1:

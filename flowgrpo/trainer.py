@@ -32,7 +32,7 @@ from flowgrpo import advantages as adv_lib
 from flowgrpo.checkpoint import (
     checkpoint_dirs, load_checkpoint, optimizer_from_flat, optimizer_to_flat, prune_checkpoints, save_checkpoint,
 )
-from flowgrpo.config import Config, ConfigError, describe_batches, plan_arguments, processes_check, to_yaml
+from flowgrpo.config import Config, ConfigError, describe_batches, learning_rate_at, plan_arguments, processes_check, to_yaml
 from flowgrpo.data import draw_prompt, read_prompts, strata
 from flowgrpo.errors import UserError
 from flowgrpo.interrupts import Interrupted, StopSignals, denoisers
@@ -406,6 +406,8 @@ class Trainer:
         cfg = self.cfg
         self.iteration = iteration
         self._steps_at_checkpointable = self.optimizer_steps + self.skipped_steps  # a signal stops at the next model call
+        for group in self.optimizer.param_groups:  # a function of the iteration alone: a resumed run continues it
+            group["lr"] = learning_rate_at(cfg.train, iteration)
         timer = self.model.call_timer  # time inside the network's calls, per phase (the rest is overhead)
         times, started, model_start = {}, time.time(), timer.totals()
         batches = self.sample(iteration)
@@ -537,7 +539,7 @@ class Trainer:
 
     def _summary(self) -> None:
         """The end-of-run before/after lines: the first and last held-out evaluation of this run folder."""
-        from flowgrpo.evaluate import before_after, before_after_lines
+        from flowgrpo.evaluate import before_after, before_after_lines, second_half_level
 
         evaluations = self.writer.read_eval_scores()
         if len(evaluations) < 2 or evaluations[0]["scores"].shape != evaluations[-1]["scores"].shape:
@@ -546,6 +548,12 @@ class Trainer:
         stats = before_after(first["scores"], final["scores"], first.get("tasks"))
         for line in before_after_lines(stats, self.cfg.eval.reward, first["iteration"], final["iteration"]):
             self.writer.info(line)
+        same = [e for e in evaluations if e["scores"].shape == first["scores"].shape]
+        level = second_half_level(same)
+        if level["evaluations"] > 1:  # one evaluation of a step-function score scatters; their mean holds still
+            (m, _), (c, c_se), (a, b) = level["end"], level["change"], level["iterations"]
+            self.writer.info(f"  over the second half (iterations {a}-{b}, {level['evaluations']} evaluations averaged per "
+                             f"sample): {m:.3f} (change {c:+.3f} ± {c_se:.3f})")
 
 
 def _model_modality(family: str) -> str:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flowgrpo.config import ConfigError, load_config
+from flowgrpo.config import ConfigError, learning_rate_at, load_config
 from flowgrpo.trainer import Trainer
 from train_fixtures import PLUGIN_REWARD, overrides
 
@@ -61,6 +61,29 @@ def test_diffusion_nft_resumes_bit_identically(tiny_sd3_dir, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa), [k for k in wa if not torch.equal(wa[k], wb[k])][:5]
 
 
+def test_learning_rate_schedules_by_hand():
+    t = load_config(None, None, ["train.learning_rate=0.002", "train.iterations=5", "train.lr_final=0.25"]).train
+    lr = {}
+    for name in ("constant", "cosine", "linear"):
+        t.lr_schedule = name
+        lr[name] = [learning_rate_at(t, i) for i in range(6)]
+    assert lr["constant"] == [0.002] * 6
+    # progress i/4: the first iteration trains at learning_rate, the last (and any after it) at lr_final·learning_rate
+    assert lr["linear"] == pytest.approx([0.002, 0.002 * (0.25 + 0.75 * 0.75), 0.002 * 0.625, 0.002 * (0.25 + 0.75 * 0.25),
+                                          0.0005, 0.0005], rel=1e-12)
+    half = 0.5 * (1 + 2 ** -0.5)  # (1 + cos(π/4)) / 2
+    assert lr["cosine"] == pytest.approx([0.002, 0.002 * (0.25 + 0.75 * half), 0.002 * 0.625,
+                                          0.002 * (0.25 + 0.75 * (1 - half)), 0.0005, 0.0005], rel=1e-12)
+
+
+def test_the_trainer_follows_the_schedule(tiny_sd3_dir, tmp_path):
+    cfg = load_config(None, None, overrides(tiny_sd3_dir, tmp_path, **SMALL, **{
+        "train.iterations": 3, "train.learning_rate": 0.001, "train.lr_schedule": "linear", "train.lr_final": 0.1}),
+        base=PLUGIN_REWARD)
+    Trainer(cfg).train()
+    assert [r["lr"] for r in _metrics(Path(cfg.run_dir))] == pytest.approx([0.001, 0.00055, 0.0001], rel=1e-12)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -77,6 +100,8 @@ def test_diffusion_nft_resumes_bit_identically(tiny_sd3_dir, tmp_path):
         (["learner.name=dgpo", "learner.share_draws=sample"], "set learner.share_draws=group"),
         (["learner.time_min=0.9", "learner.time_max=0.5"], "learner.time_min=0.9 < learner.time_max=0.5"),
         (["learner.time_sampler=beta"], "learner.time_sampler='beta' is not allowed"),
+        (["train.lr_schedule=step"], "train.lr_schedule='step' must be one of constant, cosine, linear"),
+        (["train.lr_schedule=cosine", "train.lr_final=2"], "train.lr_final=2.0 within"),
     ],
 )
 def test_bad_configs_name_the_fix(args, message):
