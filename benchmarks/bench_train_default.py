@@ -5,12 +5,15 @@
 
 For each seed, trains the embedded default (configs/default.yaml, or configs/default_t2v.yaml with
 --video) with a held-out evaluation every ``--eval-every`` iterations (evaluation time is not
-counted) until ``--minutes`` of training time, and prints the held-out mean at start and end with
-standard errors, the paired change (same prompts and seeds at every evaluation) and whether it
-reached the target rise (+0.15 images, +0.10 video). Writes into runs/bench-default[-t2v]/:
-curve.json (every evaluation and every iteration's training reward, per seed), curve.png (held-out
-score per seed, blue; training reward, grey) and before_after.png (images: the first held-out
-prompts from the first evaluation, top, and the last, bottom) or before_after.gif (video).
+counted) for its train.iterations or ``--minutes`` of training time, whichever ends first, and
+prints the held-out mean at start and end with standard errors, the paired change (same prompts and
+seeds at every evaluation), whether it reached the target rise (+0.15 images, +0.10 video), and the
+level the run held: the change of the per-sample mean over its second half's evaluations
+(``flowgrpo.evaluate.second_half_level``; one evaluation scatters by about its standard error).
+Writes into runs/bench-default[-t2v]/: curve.json (every evaluation and every iteration's training
+reward, per seed), curve.png (held-out score per seed, blue; training reward, grey) and
+before_after.png (images: the first held-out prompts from the first evaluation, top, and the last,
+bottom) or before_after.gif (video).
 ``--jobs 2`` trains two seeds at once, one torch thread each (this 2-core machine's two cores).
 """
 
@@ -33,13 +36,13 @@ def run_seed(job: tuple) -> dict:
     if threads:
         torch.set_num_threads(threads)
     from flowgrpo.config import load_config
-    from flowgrpo.evaluate import before_after
+    from flowgrpo.evaluate import before_after, second_half_level
     from flowgrpo.trainer import Trainer
 
     name = f"bench-default{'-t2v' if video else ''}{tag}-s{seed}"
     cfg = load_config(preset, None, [f"run_name={name}", "resume=false", f"eval.every={eval_every}", f"train.seed={seed}",
                                    "log.progress=false", *overrides], default="default_t2v" if video else "default")
-    cfg.train.iterations = 100000  # the time budget stops the run
+    # the config's iterations (its learning-rate schedule spans them) or the time budget, whichever ends first
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # a benchmark run starts clean: no old logs, no run-identity clash
     trainer = Trainer(cfg)
     evaluations = [{"minutes": 0.0, "iteration": 0, **trainer.evaluate()}]
@@ -61,6 +64,7 @@ def run_seed(job: tuple) -> dict:
     trainer.runner.close()
     scores = trainer.writer.read_eval_scores()
     stats = before_after(scores[0]["scores"], scores[-1]["scores"], scores[0].get("tasks"))
+    stats["second_half"] = second_half_level(scores)  # the level the run holds, steadier than its last evaluation
     return {"seed": seed, "run_dir": str(cfg.run_dir), "evaluations": evaluations, "rewards": rewards, "stats": stats,
             "reward_name": trainer.rewards[0].name, "eval_reward": cfg.eval.reward, "fps": cfg.log.video_fps}
 
@@ -172,12 +176,15 @@ def main() -> None:
         image_grid(Path(results[0]["run_dir"]), out / "before_after.png")
     print(f"\n{kind} default, {minutes:g} training minutes per seed; held-out {results[0]['eval_reward']} over "
           f"{results[0]['stats']['n']} samples (mean ± standard error; change: paired, same prompts and seeds)")
-    print("| seed | iterations | start | end | change | rose by the target (+%.2f)? |" % target)
-    print("|---|---|---|---|---|---|")
+    print("| seed | iterations | start | end | change | rose by the target (+%.2f)? | second half: evaluations, change of their mean |"
+          % target)
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         (s, s_se), (e, e_se), (c, c_se) = r["stats"]["start"], r["stats"]["end"], r["stats"]["change"]
+        late = r["stats"]["second_half"]
         print(f"| {r['seed']} | {r['evaluations'][-1]['iteration']} | {s:.3f} ± {s_se:.3f} | {e:.3f} ± {e_se:.3f} | "
-              f"{c:+.3f} ± {c_se:.3f} | {'yes' if c >= target else 'no'} |")
+              f"{c:+.3f} ± {c_se:.3f} | {'yes' if c >= target else 'no'} | {late['evaluations']}, "
+              f"{late['change'][0]:+.3f} ± {late['change'][1]:.3f} |")
     for r in results:
         if r["stats"].get("per_task"):
             print(f"seed {r['seed']} per task: " + ", ".join(f"{t} {a:.3f} -> {b:.3f}" for t, (a, b) in r["stats"]["per_task"].items()))

@@ -171,6 +171,22 @@ def before_after(first: torch.Tensor, last: torch.Tensor, tasks: list[str] | Non
     return out
 
 
+def second_half_level(evaluations: list[dict]) -> dict:
+    """The level a run holds: ``before_after`` of its first evaluation against the per-sample mean of
+    every evaluation in its second half (iteration ≥ half the last one's, and > 0), plus their count and
+    the iterations they span.
+    ``evaluations``: the run's ``eval_scores.jsonl`` records ({"iteration", "scores"}), in order. One
+    evaluation of a step-function score scatters by about its standard error as borderline samples
+    flip (README, "Measured: the embedded default run"); this mean does not."""
+    last = evaluations[-1]["iteration"]
+    half = [e for e in evaluations if e["iteration"] > 0 and 2 * e["iteration"] >= last]
+    if not half:
+        raise ValueError("second_half_level needs an evaluation after iteration 0")
+    first = torch.as_tensor(evaluations[0]["scores"], dtype=torch.float64)
+    mean = torch.stack([torch.as_tensor(e["scores"], dtype=torch.float64) for e in half]).mean(0)
+    return {"evaluations": len(half), "iterations": (half[0]["iteration"], last), **before_after(first, mean)}
+
+
 def before_after_lines(stats: dict, reward: str, first_iteration: int, last_iteration: int) -> list[str]:
     """The end-of-run summary of ``before_after`` as printed lines."""
     (s, s_se), (e, e_se), (c, c_se) = stats["start"], stats["end"], stats["change"]

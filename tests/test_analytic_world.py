@@ -249,6 +249,7 @@ def test_train_t2i_runs_the_analytic_config_with_any_preset_and_writes_scatter_s
     assert (run / "gallery" / "index.html").is_file()
     log = (run / "train.log").read_text()  # the end-of-run summary: before/after with standard errors, and the compare view
     assert "held-out analytic_hit over 256 samples: iteration 0 " in log and "-> iteration 4 " in log and "per task: half" in log
+    assert "over the second half (iterations 2-4, 2 evaluations averaged per sample): " in log
     assert "index.html#view=compare" in log
     assert len((run / "eval_scores.jsonl").read_text().splitlines()) == 3
 

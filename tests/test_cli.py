@@ -151,3 +151,16 @@ def test_before_after_by_hand():
     assert lines[0].startswith("held-out toy over 3 samples: iteration 0 0.500 ± 0.289 -> iteration 40 0.675") and "+0.333" in lines[0]
     with pytest.raises(ValueError, match="same samples twice"):
         before_after(first, last[:2])
+
+
+def test_second_half_level_by_hand():
+    from flowgrpo.evaluate import second_half_level
+
+    evaluations = [{"iteration": 0, "scores": [0.0, 0.5, 1.0]}, {"iteration": 40, "scores": [9.0, 9.0, 9.0]},
+                   {"iteration": 80, "scores": [1.0, 0.5, 1.0]}, {"iteration": 100, "scores": [0.0, 1.0, 1.0]}]
+    level = second_half_level(evaluations)  # iterations 80 and 100 (≥ 50): per-sample means [0.5, 0.75, 1.0]
+    assert level["evaluations"] == 2 and level["iterations"] == (80, 100) and level["end"][0] == pytest.approx(0.75)
+    assert level["change"][0] == pytest.approx(0.25)  # changes [0.5, 0.25, 0]: mean 0.25, std 0.25
+    assert level["change"][1] == pytest.approx(0.25 / 3**0.5)
+    with pytest.raises(ValueError, match="after iteration 0"):
+        second_half_level(evaluations[:1])
