@@ -179,9 +179,9 @@ def second_half_level(evaluations: list[dict]) -> dict:
     evaluation of a step-function score scatters by about its standard error as borderline samples
     flip (README, "Measured: the embedded default run"); this mean does not."""
     last = evaluations[-1]["iteration"]
-    half = [e for e in evaluations if e["iteration"] > 0 and 2 * e["iteration"] >= last]
+    half = [e for e in evaluations[1:] if e["iteration"] > 0 and 2 * e["iteration"] >= last]  # never the start itself
     if not half:
-        raise ValueError("second_half_level needs an evaluation after iteration 0")
+        raise ValueError("second_half_level needs an evaluation after the first, past iteration 0")
     first = torch.as_tensor(evaluations[0]["scores"], dtype=torch.float64)
     mean = torch.stack([torch.as_tensor(e["scores"], dtype=torch.float64) for e in half]).mean(0)
     return {"evaluations": len(half), "iterations": (half[0]["iteration"], last), **before_after(first, mean)}

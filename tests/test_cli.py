@@ -162,5 +162,7 @@ def test_second_half_level_by_hand():
     assert level["evaluations"] == 2 and level["iterations"] == (80, 100) and level["end"][0] == pytest.approx(0.75)
     assert level["change"][0] == pytest.approx(0.25)  # changes [0.5, 0.25, 0]: mean 0.25, std 0.25
     assert level["change"][1] == pytest.approx(0.25 / 3**0.5)
-    with pytest.raises(ValueError, match="after iteration 0"):
+    with pytest.raises(ValueError, match="after the first"):
         second_half_level(evaluations[:1])
+    late_start = [{"iteration": 60, "scores": [0.0, 0.5, 1.0]}, {"iteration": 100, "scores": [0.0, 1.0, 1.0]}]
+    assert second_half_level(late_start)["evaluations"] == 1  # the start (iteration 60 ≥ 50) is not its own level
