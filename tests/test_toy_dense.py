@@ -58,3 +58,20 @@ def test_extra_objects_cost_the_scene_clause():
     assert clean[-1] == 1.0 and cluttered[-1] == 0.0 and clean[:-1] == cluttered[:-1]
     assert soft_clause_credits(prompt, scene + fragments[:1], 2.0, 0.1, 2.0)[-1] == 0.5
     assert soft_clause_credits(world.parse_prompt("a photo of four circles"), [], 2.0, 0.1, 2.0)[-1] == 0.0
+
+
+def test_scene_factor_scales_the_prompt_clauses():
+    """scene="factor": the mean of the prompt's clauses times the scene clause, so a component beyond
+    the prompt's objects costs every clause's credit, not one clause's share."""
+    prompt = world.parse_prompt("a photo of a red circle left of a blue square")
+    scene = [detection(2 / 3, color="red", cx=20.0), detection(1.0, color="blue", cx=40.0)]
+    extra = [detection(0.8, color="green", cx=10.0, cy=10.0)]
+    credits = soft_clause_credits(prompt, scene + extra, 2.0, 0.1, 2.0)
+    clause, factor = load_reward("toy_dense"), load_reward("toy_dense", scene="factor")
+    assert credits[-1] == 0.5
+    assert clause._combine(credits) == pytest.approx(sum(credits) / len(credits), rel=1e-12)
+    assert factor._combine(credits) == pytest.approx(0.5 * sum(credits[:-1]) / len(credits[:-1]), rel=1e-12)
+    clean = soft_clause_credits(prompt, scene, 2.0, 0.1, 2.0)
+    assert clean[-1] == 1.0 and factor._combine(clean) == pytest.approx(sum(clean[:-1]) / len(clean[:-1]), rel=1e-12)
+    with pytest.raises(ValueError, match="'clause' or 'factor'"):
+        load_reward("toy_dense", scene="product")
