@@ -36,7 +36,6 @@ def test_shipped_model_scores_in_band_and_a_random_model_does_not(tmp_path):
     assert torch.isfinite(torch.tensor(shipped["mean_score"]))
 
 
-
 def test_shipped_vae_keeps_scenes_readable():
     """The held-out prompts' clean renders, encoded and decoded by the shipped VAE, still score near the
     renders themselves under `toy` (measured: 0.992 -> 0.904): the autoencoder is not what caps a
@@ -57,6 +56,7 @@ def test_shipped_vae_keeps_scenes_readable():
     toy = load_reward("toy")
     clean, through_vae = toy(images, texts, meta).scores.mean(), toy(decoded, texts, meta).scores.mean()
     assert clean > 0.98 and through_vae > 0.85, (clean, through_vae)
+
 
 # ---- the tiny Wan2.1 of train_t2v.py (flowgrpo pretrain-toy-video)
 WAN = ASSETS_DIR / "tiny-wan"

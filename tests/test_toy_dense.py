@@ -22,6 +22,8 @@ def test_clean_renders_score_like_the_scorer():
     toy = load_reward("toy")(images, texts, meta).scores
     dense = load_reward("toy_dense")(images, texts, meta).scores
     assert toy.min() == 1.0 and dense.mean() > 0.99 and dense.min() > 0.98, (dense.mean(), dense.min())
+    factor = load_reward("toy_dense", scene="factor")(images, texts, meta).scores
+    assert factor.mean() > 0.99 and factor.min() > 0.98, (factor.mean(), factor.min())
 
 
 def test_shape_credit_grows_smoothly_where_the_verdict_jumps():
