@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rewards.toy.scorer import ToyScorer, detect_objects
-from rewards.toy.world import TASKS, parse_prompt
+from rewards.toy.scorer import ToyScorer
+from rewards.toy.world import TASKS
 
 CLAUSE_TYPES = ("object", "color", "position")
 
@@ -44,16 +44,15 @@ def failure_table(images: torch.Tensor, prompts: list[str]) -> dict[str, dict]:
     """Per task: {"images", "score", "credit": {clause type: mean}, "fewer", "exact", "more", "extra"}
     (shares of images with fewer / exactly / more components than the prompt names; mean extra)."""
     out = ToyScorer().score_uint8(images, prompts, None)
-    detections = detect_objects(images)
     rows: dict[str, dict] = defaultdict(lambda: {"scores": [], "credits": defaultdict(list), "extra": []})
-    for text, score, clauses, found in zip(prompts, out.scores.tolist(), out.info["clauses"], detections):
-        prompt = parse_prompt(text)
-        row = rows[prompt.task]
+    for task, score, clauses, found in zip(out.info["task"], out.scores.tolist(), out.info["clauses"],
+                                           out.info["num_detected"]):
+        row = rows[task]
         row["scores"].append(score)
         for clause in clauses:
             row["credits"][clause["type"]].append(clause["credit"])
-        named = sum(c["count"] for c in prompt.clauses if c["type"] == "object")
-        row["extra"].append(len(found) - named)
+        named = sum(c["count"] for c in clauses if c["type"] == "object")
+        row["extra"].append(found - named)
     table = {}
     for task in [t for t in TASKS if t in rows] + sorted(set(rows) - set(TASKS)):
         row, extra = rows[task], np.array(rows[task]["extra"])
