@@ -36,6 +36,14 @@ def read_folder(folder: Path) -> tuple[torch.Tensor, list[str]]:
     if not manifest.is_file():
         raise SystemExit(f"{folder} has no manifest.jsonl: pass a folder written by flowgrpo eval --save-images")
     rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise SystemExit(f"{manifest} lists no images: save an evaluation into {folder} first")
+    missing = [r["file"] for r in rows if not (folder / r["file"]).is_file()]
+    if missing:
+        raise SystemExit(f"{folder} lacks {len(missing)} of the images its manifest lists (first: {missing[0]}); "
+                         "save the evaluation again with flowgrpo eval --save-images")
+    if any(not r["file"].endswith(".png") for r in rows):
+        raise SystemExit(f"{folder} holds clips, not images: toy_failures reads the image world's evaluations")
     images = [torch.from_numpy(np.array(Image.open(folder / r["file"]).convert("RGB"))).permute(2, 0, 1) for r in rows]
     return torch.stack(images), [r["prompt"] for r in rows]
 

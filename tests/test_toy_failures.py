@@ -59,3 +59,9 @@ def test_command_line_reads_an_eval_folder(tmp_path):
 def test_a_folder_without_manifest_is_refused_naming_the_fix(tmp_path):
     with pytest.raises(SystemExit, match="flowgrpo eval --save-images"):
         toy_failures.read_folder(tmp_path)
+
+
+def test_a_manifest_naming_a_missing_image_is_refused_naming_the_fix(tmp_path):
+    (tmp_path / "manifest.jsonl").write_text(json.dumps({"file": "00000.png", "prompt": "a photo of a triangle"}) + "\n")
+    with pytest.raises(SystemExit, match="lacks 1 of the images.*00000.png.*--save-images"):
+        toy_failures.read_folder(tmp_path)
