@@ -303,7 +303,7 @@ class RunWriter:
         folder.mkdir(parents=True, exist_ok=True)
         lines, offset = [], 0
         for b in batches:
-            rec = b.record
+            rec = b.record.bookkeeping_on_cpu()  # the rewards are CPU tensors
             parents = rec.node_parent.tolist()
             media = b.images if preview is None else preview(b.images, rec.leaf_group,
                                                              [b.texts[p] for p in rec.leaf_prompt.tolist()])

@@ -187,8 +187,9 @@ class Trainer:
                 self._reward_errors[key] = error
                 self.writer.warn(f"reward {key!r} failed on a batch after retries (scores set to NaN): {error}")
         local_r = torch.cat([result.matrix().float() for result in results])
-        gpp = batches[0].record.groups_per_prompt
-        local_g = torch.cat([torch.tensor(b.slots)[b.record.leaf_prompt] * gpp + b.record.leaf_group % gpp for b in batches])
+        records = [b.record.bookkeeping_on_cpu() for b in batches]  # rewards and advantages live on the CPU
+        gpp = records[0].groups_per_prompt
+        local_g = torch.cat([torch.tensor(b.slots)[rec.leaf_prompt] * gpp + rec.leaf_group % gpp for b, rec in zip(batches, records)])
         all_r, all_g = self.gather(local_r), self.gather(local_g)
         signal_all = adv_lib.combine_rewards(all_r, self.reward_weights, all_g, cfg.multi_reward, cfg.eps)
         leaf_adv_all, stats = adv_lib.group_zscore(signal_all, all_g, cfg.std, cfg.eps)
@@ -204,8 +205,8 @@ class Trainer:
             stats[f"reward/{r.name}_std"] = float(valid.std(unbiased=False)) if valid.numel() else float("nan")
         out, leaves, offset = [], [], 0
         tree = bool(plan_arguments(self.cfg).get("splits"))
-        for b in batches:
-            rec, n = b.record, b.record.num_leaves
+        for rec in records:
+            n = rec.num_leaves
             if tree:  # BranchGRPO: depth-wise advantages of node values
                 if cfg.tree_value == "path_weighted":
                     values = adv_lib.path_weighted_values(rec, signal[offset : offset + n], cfg.tree_beta)

@@ -14,7 +14,7 @@ does the same with gradients). ``node_values`` turns leaf rewards into BranchGRP
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -54,6 +54,11 @@ class NFECounter:
 
     def __repr__(self) -> str:
         return f"NFECounter({self.as_dict()})"
+
+
+# the record's integer bookkeeping: which prompt, node, group and kernel each row belongs to
+_INDEX_FIELDS = ("kernel", "step", "prompt", "cond_index", "parent", "node", "group", "leaf_prompt", "leaf_node",
+                 "leaf_group", "leaf_root", "node_parent", "node_depth", "node_group", "prompt_ids", "prompt_cond")
 
 
 @dataclass
@@ -111,6 +116,15 @@ class Trajectory:
 
     def kernel_names(self) -> list[str]:
         return [KERNEL_NAMES[k] for k in self.kernel.tolist()]
+
+    def bookkeeping_on_cpu(self) -> "Trajectory":
+        """This record with its index fields and log-probs on the CPU, latents and σ's where they are.
+
+        A rollout on a GPU keeps its record there; rewards, groups and advantages are CPU tensors
+        (the reward runner scores on the host), and indexing a CPU tensor with GPU indices fails.
+        The advantage arithmetic (``node_values``, ``transition_values``, best-of-N, BranchGRPO's
+        path weights) runs on this view; CPU indices still index the GPU latents."""
+        return replace(self, log_prob=self.log_prob.cpu(), **{f: getattr(self, f).cpu() for f in _INDEX_FIELDS})
 
     def node_values(self, leaf_values: torch.Tensor) -> torch.Tensor:
         """Mean of descendant leaf values for every node: [L] or [L, K] → [P, Nn] or [P, Nn, K]

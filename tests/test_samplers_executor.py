@@ -245,6 +245,23 @@ def test_node_values_average_descendant_leaves():
     assert torch.equal(credited, per_leaf[chain.node % 3])  # a chain's edges get its own reward
 
 
+def test_bookkeeping_view_moves_every_index_field_and_keeps_the_latents():
+    """The trainer's advantage arithmetic runs on ``bookkeeping_on_cpu()`` (rewards are CPU tensors; a GPU
+    record's indices cannot index them): every integer field must be in the view, latents stay put."""
+    from dataclasses import fields
+
+    record = run(compose_plan(6, kernel="dance_sde", splits=(0, 2)), [0, 1])
+    view = record.bookkeeping_on_cpu()
+    for f in fields(record):
+        value, moved = getattr(record, f.name), getattr(view, f.name)
+        if isinstance(value, torch.Tensor) and value.dtype == torch.int64:
+            assert moved.device.type == "cpu" and torch.equal(moved, value), f.name
+        elif isinstance(value, torch.Tensor) and value.ndim > 1:
+            assert moved is value, f"{f.name}: latents are not copied"
+    rewards = torch.arange(record.num_leaves, dtype=torch.float64)
+    assert torch.equal(view.transition_values(rewards), record.transition_values(rewards))
+
+
 def test_nfe_counter_accumulates_and_round_trips():
     counter = NFECounter()
     plan = PLANS["branch_mix"]()

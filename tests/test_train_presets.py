@@ -66,6 +66,20 @@ def test_preset_trains_end_to_end(preset, tiny_sd3_dir, tmp_path):
     assert sum(m["rewards"]["toy"] for m in held_out) / 4 == pytest.approx(rows[-1]["eval/mean_score"], abs=1e-3)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_trains_end_to_end_on_cuda(preset, tiny_sd3_dir, tmp_path):
+    """The same contract with the model on the GPU: rollout records live there, rewards and advantages on
+    the host (samplers.Trajectory.bookkeeping_on_cpu); before that view every method failed in its
+    first advantage step."""
+    extra = {**PRESETS[preset], "train.cpu": False, "model.device": "cuda"}
+    cfg = load_config(preset, None, overrides(tiny_sd3_dir, tmp_path, **extra), base=PLUGIN_REWARD)
+    trainer, run, _ = train_and_check(cfg)
+    assert trainer.params[0].device.type == "cuda"
+    assert (run / "samples" / "step_2" / "manifest.jsonl").is_file()
+
+
 def test_bf16_mixed_precision_runs_the_transformer_in_bf16(tiny_sd3_dir, tmp_path):
     cfg = load_config("flow_grpo", None, overrides(tiny_sd3_dir, tmp_path, **PRESETS["flow_grpo"], **{
         "train.mixed_precision": "bf16", "train.iterations": 1, "log.samples_every": 0, "log.save_every": 0}),

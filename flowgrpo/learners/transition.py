@@ -59,8 +59,8 @@ class TransitionLearner(Learner):
         for bi, (b, adv) in enumerate(zip(batches, advantages.transitions)):
             rec = b.record
             weights = rec.loss_weight * step_weights(cfg.loss.step_weight, rec.kernel_names(), rec.sigma, rec.sigma_next, rec.eta)
-            slots = torch.tensor(b.slots)[rec.prompt]
-            groups = (slots * rec.groups_per_prompt + rec.group % rec.groups_per_prompt).tolist()
+            slots = torch.tensor(b.slots)[rec.prompt.cpu()]
+            groups = (slots * rec.groups_per_prompt + rec.group.cpu() % rec.groups_per_prompt).tolist()
             slots = slots.tolist()
             for r in range(rec.num_transitions):
                 if not math.isnan(float(adv[r])):
