@@ -37,7 +37,7 @@ def require_video_writer() -> None:
     except ImportError:
         raise ImportError(
             "writing video samples as MP4 needs imageio and imageio-ffmpeg: pip install 'flowgrpo[video]' "
-            "(or set log.samples_every=0)"
+            "(or write none: log.samples_every=0 log.eval_samples=0)"
         ) from None
 
 

@@ -78,7 +78,7 @@ class Trainer:
         self.rewards = [load_reward(spec.name, **spec.kwargs) for spec in cfg.rewards]  # fail fast, before the model
         self.modality = _model_modality(cfg.model.family)
         _check_reward_modalities(self.rewards, [spec.name for spec in cfg.rewards], cfg.eval.reward, self.modality)
-        if self.modality == "video" and cfg.log.samples_every:
+        if self.modality == "video" and (cfg.log.samples_every or cfg.log.eval_samples):  # rollouts' and held-out clips
             require_video_writer()
         if cfg.model.device == "auto":
             device = self.acc.device

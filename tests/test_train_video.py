@@ -4,6 +4,7 @@ the held-out evaluation scores videos; train_t2v.py's default config loads, and 
 asset names the command that builds it."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,18 @@ def video_config(preset, model_dir, out_dir, base=VIDEO_PLUGIN_REWARD, **extra):
     """configs/default_t2v.yaml <- base <- preset <- configs/models/tiny_wan.yaml <- small overrides."""
     return load_config(preset, "tiny_wan", overrides(model_dir, out_dir, **{**PRESETS.get(preset, {}), **VIDEO, **extra}),
                        base=base, default="default_t2v")
+
+
+def test_a_missing_mp4_writer_is_named_before_the_model_loads(tiny_wan_dir, tmp_path, monkeypatch):
+    """Held-out clips are MP4s too: with log.samples_every=0 the run used to start and then fail at its
+    first evaluation (seen on a GPU machine without imageio-ffmpeg)."""
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # import fails as if not installed
+    for extra in ({}, {"log.samples_every": 0}):
+        cfg = video_config("flow_grpo", tiny_wan_dir, tmp_path / str(len(extra)), **extra)
+        with pytest.raises(ImportError, match=r"flowgrpo\[video\].*log.samples_every=0 log.eval_samples=0"):
+            Trainer(cfg)
+    cfg = video_config("flow_grpo", tiny_wan_dir, tmp_path / "none", **{"log.samples_every": 0, "log.eval_samples": 0})
+    assert Trainer(cfg).modality == "video"  # writing no clip needs no writer
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
