@@ -15,6 +15,9 @@ reward, per seed), curve.png (held-out score per seed, blue; training reward, gr
 before_after.png (images: the first held-out prompts from the first evaluation, top, and the last,
 bottom) or before_after.gif (video).
 ``--jobs 2`` trains two seeds at once, one torch thread each (this 2-core machine's two cores).
+``--control`` is the negative control: the same runs with every reward weight negated (the learner
+then minimises the training reward; runs/bench-default[-t2v]<TAG>-control-s<seed>). A rise that is
+learned from the reward turns into a fall under it; a rise that the control shares is drift.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ TARGET = {"image": 0.15, "video": 0.10}
 
 
 def run_seed(job: tuple) -> dict:
-    seed, video, minutes, eval_every, overrides, threads, preset, tag = job
+    seed, video, minutes, eval_every, overrides, threads, preset, tag, control = job
     import torch
 
     if threads:
@@ -42,6 +45,9 @@ def run_seed(job: tuple) -> dict:
     name = f"bench-default{'-t2v' if video else ''}{tag}-s{seed}"
     cfg = load_config(preset, None, [f"run_name={name}", "resume=false", f"eval.every={eval_every}", f"train.seed={seed}",
                                    "log.progress=false", *overrides], default="default_t2v" if video else "default")
+    if control:  # every advantage's sign flipped (flowgrpo.advantages.combine_rewards: weight -1 minimises)
+        for spec in cfg.rewards:
+            spec.weight = -spec.weight
     # the config's iterations (its learning-rate schedule spans them) or the time budget, whichever ends first
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # a benchmark run starts clean: no old logs, no run-identity clash
     trainer = Trainer(cfg)
@@ -66,7 +72,8 @@ def run_seed(job: tuple) -> dict:
     stats = before_after(scores[0]["scores"], scores[-1]["scores"], scores[0].get("tasks"))
     stats["second_half"] = second_half_level(scores)  # the level the run holds, steadier than its last evaluation
     return {"seed": seed, "run_dir": str(cfg.run_dir), "evaluations": evaluations, "rewards": rewards, "stats": stats,
-            "reward_name": trainer.rewards[0].name, "eval_reward": cfg.eval.reward, "fps": cfg.log.video_fps}
+            "reward_name": trainer.rewards[0].name, "reward_weights": [float(w) for w in trainer.reward_weights],
+            "eval_reward": cfg.eval.reward, "fps": cfg.log.video_fps}
 
 
 def plot(results: list[dict], path: Path, target: float) -> None:
@@ -153,13 +160,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (then one torch thread each)")
     parser.add_argument("--preset", default=None, help="a method preset on top of the default (configs/presets/)")
     parser.add_argument("--tag", default="", help="suffix for the run directories (runs/bench-default<TAG>-s<seed>)")
+    parser.add_argument("--control", action="store_true",
+                        help="the sign-flip control: every reward weight negated (a learned rise must become a fall)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args()
+    if args.control:
+        args.tag += "-control"
     kind = "video" if args.video else "image"
     minutes = args.minutes or (20.0 if args.video else 15.0)
     seeds = [int(s) for s in (args.seeds or ("0,1" if args.video else "0,1,2")).split(",")]
     jobs = [(s, args.video, minutes, args.eval_every, args.overrides, 1 if args.jobs > 1 else 0,
-             args.preset, args.tag) for s in seeds]
+             args.preset, args.tag, args.control) for s in seeds]
     if args.jobs > 1:
         with mp.get_context("spawn").Pool(args.jobs) as pool:
             results = pool.map(run_seed, jobs)
@@ -174,6 +185,8 @@ def main() -> None:
         before_after_gif(Path(results[0]["run_dir"]), out / "before_after.gif", results[0]["fps"])
     else:
         image_grid(Path(results[0]["run_dir"]), out / "before_after.png")
+    if args.control:
+        print("\nSIGN-FLIP CONTROL: every reward weight negated, so the learner minimises its training reward")
     print(f"\n{kind} default, {minutes:g} training minutes per seed; held-out {results[0]['eval_reward']} over "
           f"{results[0]['stats']['n']} samples (mean ± standard error; change: paired, same prompts and seeds)")
     print("| seed | iterations | start | end | change | rose by the target (+%.2f)? | second half: evaluations, change of their mean |"
