@@ -168,9 +168,17 @@ def _save_images(folder: Path, images, prompts: list[str]) -> None:
     (folder / "manifest.jsonl").write_text("\n".join(rows) + "\n")
 
 
+def _sizes_class(config_class):
+    """The model-size dataclass of a pretraining config (its ``sizes`` field: TinySD3Sizes, TinyWanSizes)."""
+    return next(f.default_factory for f in dataclasses.fields(config_class) if f.name == "sizes")
+
+
 def _pretrain_config(config_class, args):
-    fields = {f.name for f in dataclasses.fields(config_class)}
-    return config_class(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    sizes = {f.name: given[f.name] for f in dataclasses.fields(_sizes_class(config_class)) if f.name in given}
+    fields = {f.name for f in dataclasses.fields(config_class)} - {"sizes"}
+    extra = {"sizes": _sizes_class(config_class)(**sizes)} if sizes else {}
+    return config_class(**{k: v for k, v in given.items() if k in fields}, **extra)
 
 
 def cmd_pretrain_toy(args) -> int:
@@ -191,11 +199,14 @@ def _add_pretrain_options(parser: argparse.ArgumentParser, config_class=None) ->
     if config_class is None:
         from flowgrpo.pretrain import PretrainConfig as config_class
 
-    for f in dataclasses.fields(config_class):
-        if f.type in ("int", "float", "str", int, float, str):
-            kind = {"int": int, "float": float, "str": str}.get(f.type, f.type)
-            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
-                                help=f"default: {f.default}")
+    sizes = _sizes_class(config_class)()  # the model's architecture: one option per number (--num-layers 8)
+    for owner, default in ((config_class, None), (type(sizes), sizes)):
+        for f in dataclasses.fields(owner):
+            if f.type in ("int", "float", "str", int, float, str):
+                kind = {"int": int, "float": float, "str": str}.get(f.type, f.type)
+                value = f.default if default is None else getattr(default, f.name)
+                parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
+                                    help=f"{'' if default is None else 'model size; '}default: {value}")
 
 
 _EPILOG = """training (not a flowgrpo command):

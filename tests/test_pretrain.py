@@ -75,3 +75,15 @@ def test_pretrain_video_ships_a_wan_pipeline_and_resumes(tmp_path):
     frames = pipe("a video of a circle moving left", num_frames=9, height=32, width=32, num_inference_steps=2,
                   max_sequence_length=16, output_type="pt").frames
     assert frames.shape == (1, 9, 3, 32, 32)
+
+
+def test_model_sizes_are_command_line_options():
+    """`flowgrpo pretrain-toy --num-layers 8` builds a deeper model; sizes not given keep their defaults."""
+    from flowgrpo.cli import _pretrain_config, build_parser
+
+    args = build_parser().parse_args(["pretrain-toy", "--num-layers", "8", "--head-dim", "16", "--flow-steps", "10"])
+    cfg = _pretrain_config(PretrainConfig, args)
+    assert cfg.flow_steps == 10 and cfg.sizes == TinySD3Sizes(num_layers=8, head_dim=16)
+    assert _pretrain_config(PretrainConfig, build_parser().parse_args(["pretrain-toy"])).sizes == TinySD3Sizes()
+    video = _pretrain_config(PretrainVideoConfig, build_parser().parse_args(["pretrain-toy-video", "--num-frames", "5"]))
+    assert video.sizes == TinyWanSizes(num_frames=5)
