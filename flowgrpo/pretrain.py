@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from flowgrpo.checkpoint import write_folder_atomically
+from flowgrpo.errors import UserError
 from flowgrpo.tiny import TinySD3Sizes, build_clip_tokenizer, build_tiny_sd3_pipeline
 from rewards.toy import world
 
@@ -331,8 +332,14 @@ def open_work_dir(cfg) -> Path:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     work = Path(cfg.work_dir)
+    record, sizes = work / "pretrain_config.json", json.loads(json.dumps(asdict(cfg)["sizes"]))
+    saved = json.loads(record.read_text()).get("sizes") if record.is_file() else None
+    if saved is not None and saved != sizes:  # its checkpoints are of another architecture: resuming cannot load them
+        changed = ", ".join(f"{k} {saved.get(k)} -> {v}" for k, v in sizes.items() if saved.get(k) != v)
+        raise UserError(f"{work} holds a pretraining of other model sizes ({changed}); give a new --work-dir for "
+                         "these sizes, or resume it with the sizes it was started with")
     work.mkdir(parents=True, exist_ok=True)
-    (work / "pretrain_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    record.write_text(json.dumps(asdict(cfg), indent=2))
     return work
 
 

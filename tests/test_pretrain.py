@@ -87,3 +87,18 @@ def test_model_sizes_are_command_line_options():
     assert _pretrain_config(PretrainConfig, build_parser().parse_args(["pretrain-toy"])).sizes == TinySD3Sizes()
     video = _pretrain_config(PretrainVideoConfig, build_parser().parse_args(["pretrain-toy-video", "--num-frames", "5"]))
     assert video.sizes == TinyWanSizes(num_frames=5)
+
+
+def test_a_work_dir_of_other_sizes_is_refused_naming_the_fix(tmp_path):
+    """Resuming with another --num-layers would fail deep in a checkpoint load: it is refused up front."""
+    from flowgrpo.errors import UserError
+    from flowgrpo.pretrain import open_work_dir
+
+    open_work_dir(PretrainConfig(work_dir=str(tmp_path / "w")))
+    open_work_dir(PretrainConfig(work_dir=str(tmp_path / "w"), flow_steps=10))  # other steps: a resume, allowed
+    with pytest.raises(UserError, match=r"num_layers 4 -> 8.*new --work-dir"):
+        open_work_dir(PretrainConfig(work_dir=str(tmp_path / "w"), sizes=TinySD3Sizes(num_layers=8)))
+    video = PretrainVideoConfig(work_dir=str(tmp_path / "v"))
+    open_work_dir(video)
+    with pytest.raises(UserError, match="num_frames"):
+        open_work_dir(PretrainVideoConfig(work_dir=str(tmp_path / "v"), sizes=TinyWanSizes(num_frames=5)))

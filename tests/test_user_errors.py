@@ -161,14 +161,16 @@ def test_errors_doc_lists_every_class_with_its_message():
     """docs/errors.md's table has a row per class tested here, with the message's words."""
     doc = (ROOT / "docs" / "errors.md").read_text()
     rows = [line for line in doc.splitlines() if line.startswith("| ") and not line.startswith(("| class", "| **"))]
-    stated = re.search(r"(\d+) classes: (\d+) of the training scripts .*?, (\d+) of `flowgrpo eval`", doc, re.S)
-    assert stated and int(stated[1]) == len(rows) == int(stated[2]) + int(stated[3]), (stated, len(rows))
-    assert int(stated[3]) == len(EVAL)
+    stated = re.search(r"(\d+) classes: (\d+) of the training scripts .*?, (\d+) of `flowgrpo pretrain-toy`, "
+                       r"(\d+) of `flowgrpo eval`", doc, re.S)
+    assert stated and int(stated[1]) == len(rows) == int(stated[2]) + int(stated[3]) + int(stated[4]), (stated, len(rows))
+    assert int(stated[4]) == len(EVAL)
     for fragment in ("no prompts in", "has no metadata", "is neither a built-in set", "is not valid JSON", "unknown reward",
                      "cannot import reward", "is not a reward", "is neither a YAML file nor one of",
                      "is not key=value", "unknown config key", "is not allowed", "with a space after each colon",
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
                      "--samples-per-prompt must be", "build it with", "threads=-1 must be",
-                     "already holds a run with another configuration", "no valid reward in"):
+                     "already holds a run with another configuration", "no valid reward in",
+                     "holds a pretraining of other model sizes"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
