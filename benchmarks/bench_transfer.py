@@ -4,8 +4,8 @@
                                         [--iterations 200] [--every 50] [--jobs 2] [key=value ...]
 
 For each task named (its prompts of the training split, ``rewards.toy.world.train_prompts``) and each
-single ``--prompt``, trains the embedded default (configs/default.yaml plus the overrides) on those
-prompts alone for ``--iterations`` iterations and prints, every ``--every`` iterations, the mean
+single ``--prompt``, trains the embedded default (configs/default.yaml plus the overrides; the
+benchmark sets ``prompts``) on those prompts alone for ``--iterations`` iterations and prints, every ``--every`` iterations, the mean
 training reward of the iterations since the last line and the held-out `toy` score of the same task
 (its 32 held-out prompts, combinations the training split leaves out) beside the held-out mean. A
 task whose training reward climbs while its held-out score stays flat or falls is one where what the
@@ -69,6 +69,9 @@ def run_job(job: tuple) -> dict:
     reward_key = f"reward/{trainer.rewards[0].name}_mean"
 
     def row(iteration: int, metrics: dict, trained: list[float]) -> dict:
+        if f"eval/per_task/{task}" not in metrics:
+            raise SystemExit(f"the held-out evaluation holds no {task} prompts; leave eval.limit and eval.prompts at "
+                             "their defaults (the 192 toy held-out prompts)")
         out = {"iteration": iteration, "held_out": metrics["eval/mean_score"],
                "held_out_task": metrics[f"eval/per_task/{task}"],
                "reward": sum(trained) / len(trained) if trained else None}
@@ -103,6 +106,8 @@ def main() -> None:
     specs = [("task", t) for t in args.tasks.split(",") if t] + [("prompt", p) for p in args.prompt]
     if not specs:
         raise SystemExit("nothing to train: name --tasks or give --prompt")
+    if args.iterations < 1 or args.every < 1:
+        raise SystemExit(f"--iterations ({args.iterations}) and --every ({args.every}) must be at least 1")
     jobs = [(spec, args.iterations, args.every, args.overrides, 1 if args.jobs > 1 else 0) for spec in specs]
     if args.jobs > 1:
         with mp.get_context("spawn").Pool(args.jobs) as pool:
