@@ -30,22 +30,31 @@ def job_name(spec: tuple[str, str]) -> str:
 
 
 def write_prompts(spec: tuple[str, str], path: Path) -> str:
-    """The job's training prompts as a .jsonl file (with the world's metadata); returns the held-out task they test."""
+    """The job's training prompts as a .jsonl file (with the world's metadata); returns the held-out task they test.
+    A task that is not the toy world's, or a prompt its grammar does not parse, raises ValueError naming the fix."""
     from rewards.toy.world import TASKS, parse_prompt, train_prompts
 
     kind, value = spec
     if kind == "task":
         if value not in TASKS:
-            raise SystemExit(f"--tasks: {value!r} is not a toy task; choose from {', '.join(TASKS)}")
+            raise ValueError(f"--tasks: {value!r} is not a toy task; choose from {', '.join(TASKS)}")
         prompts = [p for p in train_prompts() if p.task == value]
     else:
         try:
             prompts = [parse_prompt(value)]
         except ValueError as exc:
-            raise SystemExit(f"--prompt {value!r}: {exc}") from exc
+            raise ValueError(f"--prompt {value!r}: {exc}") from exc
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"prompt": p.text, "metadata": p.to_dict()}) + "\n" for p in prompts))
     return prompts[0].task
+
+
+def held_out_tasks(cfg) -> set[str]:
+    """The tasks of the held-out prompts the run evaluates (eval.prompts, eval.limit)."""
+    from flowgrpo.data import read_prompts
+
+    _, metadata = read_prompts(cfg.eval.prompts, cfg.eval.limit)
+    return {m.get("task") for m in metadata if isinstance(m, dict)}
 
 
 def run_job(job: tuple) -> dict:
@@ -63,15 +72,15 @@ def run_job(job: tuple) -> dict:
     cfg.train.iterations = iterations
     prompt_file = Path(cfg.output_dir) / "bench-transfer" / f"{name}.jsonl"
     task = write_prompts(spec, prompt_file)
+    if task not in held_out_tasks(cfg):
+        raise ValueError(f"the held-out evaluation holds no {task} prompts; leave eval.limit and eval.prompts at "
+                         "their defaults (the 192 toy held-out prompts)")
     cfg.prompts = str(prompt_file)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     trainer = Trainer(cfg)
     reward_key = f"reward/{trainer.rewards[0].name}_mean"
 
     def row(iteration: int, metrics: dict, trained: list[float]) -> dict:
-        if f"eval/per_task/{task}" not in metrics:
-            raise SystemExit(f"the held-out evaluation holds no {task} prompts; leave eval.limit and eval.prompts at "
-                             "their defaults (the 192 toy held-out prompts)")
         out = {"iteration": iteration, "held_out": metrics["eval/mean_score"],
                "held_out_task": metrics[f"eval/per_task/{task}"],
                "reward": sum(trained) / len(trained) if trained else None}
@@ -109,11 +118,14 @@ def main() -> None:
     if args.iterations < 1 or args.every < 1:
         raise SystemExit(f"--iterations ({args.iterations}) and --every ({args.every}) must be at least 1")
     jobs = [(spec, args.iterations, args.every, args.overrides, 1 if args.jobs > 1 else 0) for spec in specs]
-    if args.jobs > 1:
-        with mp.get_context("spawn").Pool(args.jobs) as pool:
-            results = pool.map(run_job, jobs)
-    else:
-        results = [run_job(job) for job in jobs]
+    try:  # a bad task, prompt or held-out set is refused (ValueError, raised before training) with its fix
+        if args.jobs > 1:
+            with mp.get_context("spawn").Pool(args.jobs) as pool:
+                results = pool.map(run_job, jobs)
+        else:
+            results = [run_job(job) for job in jobs]
+    except ValueError as exc:
+        raise SystemExit(f"bench_transfer: {exc}") from None
 
     print(f"\ntrained on one task (or prompt) at a time, {args.iterations} iterations; held-out `toy` of the same task")
     print("| trained on | prompts | learning rate | training reward, first → last block | held-out, same task | held-out mean |")

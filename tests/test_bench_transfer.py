@@ -33,12 +33,13 @@ def test_a_run_trains_on_its_prompts_alone_and_reads_its_task(spec, task, count,
 
 
 def test_an_unknown_task_names_the_choices(tmp_path):
-    with pytest.raises(SystemExit, match="choose from single_object"):
+    with pytest.raises(ValueError, match="choose from single_object"):
         bench.write_prompts(("task", "colours"), tmp_path / "x.jsonl")
 
 
 def test_a_held_out_set_without_the_task_names_the_fix(tiny_sd3_dir, tmp_path):
     extra = overrides(tiny_sd3_dir, tmp_path, **{"rewards": "[{name: toy_dense, weight: 1.0}]", "log.gallery": False,
                                                   "eval.limit": 4})  # the first 4 held-out prompts: single objects only
-    with pytest.raises(SystemExit, match="holds no counting prompts; leave eval.limit"):
+    with pytest.raises(ValueError, match="holds no counting prompts; leave eval.limit"):
         bench.run_job((("task", "counting"), 1, 1, extra, 1))
+    assert not (tmp_path / "bench-transfer-counting").exists()  # refused before the run starts
