@@ -24,6 +24,10 @@ import shutil
 from pathlib import Path
 
 
+class TransferSpecError(ValueError):
+    """A task, prompt or held-out set this benchmark cannot use; the message names the fix."""
+
+
 def job_name(spec: tuple[str, str]) -> str:
     kind, value = spec
     return value if kind == "task" else "prompt-" + re.sub(r"[^a-z0-9]+", "-", value.lower()).strip("-")
@@ -31,19 +35,19 @@ def job_name(spec: tuple[str, str]) -> str:
 
 def write_prompts(spec: tuple[str, str], path: Path) -> str:
     """The job's training prompts as a .jsonl file (with the world's metadata); returns the held-out task they test.
-    A task that is not the toy world's, or a prompt its grammar does not parse, raises ValueError naming the fix."""
+    A task that is not the toy world's, or a prompt its grammar does not parse, raises TransferSpecError naming the fix."""
     from rewards.toy.world import TASKS, parse_prompt, train_prompts
 
     kind, value = spec
     if kind == "task":
         if value not in TASKS:
-            raise ValueError(f"--tasks: {value!r} is not a toy task; choose from {', '.join(TASKS)}")
+            raise TransferSpecError(f"--tasks: {value!r} is not a toy task; choose from {', '.join(TASKS)}")
         prompts = [p for p in train_prompts() if p.task == value]
     else:
         try:
             prompts = [parse_prompt(value)]
         except ValueError as exc:
-            raise ValueError(f"--prompt {value!r}: {exc}") from exc
+            raise TransferSpecError(f"--prompt {value!r}: {exc}") from exc
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"prompt": p.text, "metadata": p.to_dict()}) + "\n" for p in prompts))
     return prompts[0].task
@@ -73,7 +77,7 @@ def run_job(job: tuple) -> dict:
     prompt_file = Path(cfg.output_dir) / "bench-transfer" / f"{name}.jsonl"
     task = write_prompts(spec, prompt_file)
     if task not in held_out_tasks(cfg):
-        raise ValueError(f"the held-out evaluation holds no {task} prompts; leave eval.limit and eval.prompts at "
+        raise TransferSpecError(f"the held-out evaluation holds no {task} prompts; leave eval.limit and eval.prompts at "
                          "their defaults (the 192 toy held-out prompts)")
     cfg.prompts = str(prompt_file)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
@@ -118,13 +122,13 @@ def main() -> None:
     if args.iterations < 1 or args.every < 1:
         raise SystemExit(f"--iterations ({args.iterations}) and --every ({args.every}) must be at least 1")
     jobs = [(spec, args.iterations, args.every, args.overrides, 1 if args.jobs > 1 else 0) for spec in specs]
-    try:  # a bad task, prompt or held-out set is refused (ValueError, raised before training) with its fix
+    try:  # a bad task, prompt or held-out set is refused before training, in one line naming the fix
         if args.jobs > 1:
             with mp.get_context("spawn").Pool(args.jobs) as pool:
                 results = pool.map(run_job, jobs)
         else:
             results = [run_job(job) for job in jobs]
-    except ValueError as exc:
+    except TransferSpecError as exc:
         raise SystemExit(f"bench_transfer: {exc}") from None
 
     print(f"\ntrained on one task (or prompt) at a time, {args.iterations} iterations; held-out `toy` of the same task")
@@ -134,7 +138,7 @@ def main() -> None:
         first, last = r["rows"][1], r["rows"][-1]
         print(f"| {r['job']} | {r['prompts']} | {r['learning_rate']:g} | {first['reward']:.3f} → {last['reward']:.3f} "
               f"| {r['rows'][0]['held_out_task']:.3f} → {last['held_out_task']:.3f} "
-              f"(peak {max(x['held_out_task'] for x in r['rows']):.3f}) "
+              f"(highest after training {max(x['held_out_task'] for x in r['rows'][1:]):.3f}) "
               f"| {r['rows'][0]['held_out']:.3f} → {last['held_out']:.3f} |")
     out = Path("runs/bench-transfer/results.json")
     out.parent.mkdir(parents=True, exist_ok=True)
