@@ -25,6 +25,8 @@ gradients with a known answer: tests/test_noise_scale.py.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -121,6 +123,23 @@ class GradientProbe:
         return {"grad_noise/signal_sq": signal, "grad_noise/trace": trace}
 
 
+def noise_reading(noise: float | None, lower_bound: float | None) -> float:
+    """The number a reading stands for: the estimate, else the lower bound of "no signal", else infinity."""
+    return noise if noise is not None else lower_bound if lower_bound is not None else math.inf
+
+
+def worth_repeating(said: float | None, reading: float) -> bool:
+    """Whether a reading (:func:`noise_reading`) is news against the last one printed (None before the
+    first): it moved by 2x or more. "≈ 148 prompts" and "no signal, B_noise > 129" say the same about
+    the batch, and a run's readings wander between such lines (a default image run: estimates 101-229,
+    bounds 61-290), so printing each would fill the console with one verdict; train.log keeps them all."""
+    if said is None:
+        return True
+    if reading == said:  # also two readings without a bound
+        return False
+    return max(reading / said, said / reading) >= 2.0
+
+
 def noise_message(noise: float | None, units: int, lower_bound: float | None = None, unit_name: str = "prompts",
                   forward_learner: bool = False) -> str:
     """The one line printed when the batch is below the noise scale (or no signal is seen); a run that already
@@ -134,4 +153,4 @@ def noise_message(noise: float | None, units: int, lower_bound: float | None = N
             else ", lower the learning rate, or use a forward-process learner") + " (docs/learner.md)")
 
 
-__all__ = ["GradientProbe", "NoiseScale", "fit_noise", "noise_message"]
+__all__ = ["GradientProbe", "NoiseScale", "fit_noise", "noise_message", "noise_reading", "worth_repeating"]

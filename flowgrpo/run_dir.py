@@ -231,9 +231,11 @@ class RunWriter:
             with open(self.dir / "train.log", "a") as f:
                 f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
 
-    def info(self, text: str) -> None:
+    def info(self, text: str, console: bool = True) -> None:
+        """A line in train.log, and on the console unless ``console`` is false."""
         if self.enabled:
-            tqdm.write(text, file=sys.stderr)  # above the progress bars, which are redrawn below it
+            if console:
+                tqdm.write(text, file=sys.stderr)  # above the progress bars, which are redrawn below it
             self._line(text)
 
     def warn(self, text: str) -> None:

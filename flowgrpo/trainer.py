@@ -37,7 +37,7 @@ from flowgrpo.data import draw_prompt, read_prompts, strata
 from flowgrpo.errors import UserError
 from flowgrpo.interrupts import Interrupted, StopSignals, denoisers
 from flowgrpo.learners import Advantages, build_learner
-from flowgrpo.noise_scale import GradientProbe, noise_message
+from flowgrpo.noise_scale import GradientProbe, noise_message, noise_reading, worth_repeating
 from flowgrpo.run_dir import RunWriter, check_run_config, require_video_writer
 from flowgrpo.threads import startup_line
 from rewards import REGISTRY, load_reward
@@ -103,6 +103,7 @@ class Trainer:
         self.iteration, self.optimizer_steps, self.skipped_steps = 0, 0, 0
         self.learner = build_learner(self)  # the update rule (learner.name): flowgrpo/learners/
         self.probe = GradientProbe(self.params)  # the gradient noise scale (log.grad_noise_every)
+        self._noise_said: float | None = None  # the last noise reading printed to the console (estimate or bound)
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb)
         if t.balance_by:
             self.writer.info(
@@ -363,8 +364,13 @@ class Trainer:
         if noise is not None:
             out["grad_noise/B_noise_prompts"] = noise
         if len(self.probe.scale.points) >= 3 and (noise is None or noise > per_step):
-            self.writer.info(noise_message(noise, per_step, self.probe.scale.lower_bound,
-                                           forward_learner=not self.learner.needs_transitions))
+            bound = self.probe.scale.lower_bound
+            reading = noise_reading(noise, bound)
+            news = worth_repeating(self._noise_said, reading)
+            if news:
+                self._noise_said = reading
+            self.writer.info(noise_message(noise, per_step, bound, forward_learner=not self.learner.needs_transitions),
+                             console=news)
         return out
 
     def request_stop(self, reason: str) -> None:

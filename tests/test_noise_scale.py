@@ -98,3 +98,33 @@ def test_the_diagnostic_sees_the_signal_of_a_run_that_learns_and_none_in_noise(r
         assert noise is not None and noise < 10 * 8, noise
     else:
         assert noise is None, noise
+
+
+def test_a_reading_is_printed_again_only_when_it_is_news():
+    """The console gets a noise reading again only when it moved 2x from the last one printed; the
+    readings of a run that wander between "≈ N" and "no signal, > M" lines of one size print once."""
+    import math
+
+    from flowgrpo.noise_scale import noise_reading, worth_repeating
+
+    assert noise_reading(40.0, 12.0) == 40.0 and noise_reading(None, 12.0) == 12.0 and noise_reading(None, None) == math.inf
+    assert worth_repeating(None, 129.0)
+    assert not worth_repeating(100.0, 129.0) and not worth_repeating(100.0, 51.0)
+    assert worth_repeating(100.0, 200.0) and worth_repeating(100.0, 50.0)
+    assert worth_repeating(100.0, math.inf) and worth_repeating(math.inf, 100.0)  # a bound appears or is lost
+    assert not worth_repeating(math.inf, math.inf)  # no bound twice: the same line
+    # a default image run's 50 readings in order (estimate, or None and the lower bound), from its train.log
+    readings = [(None, 129), (None, 95), (None, 66), (148, None), (156, None), (None, 88), (None, 101), (188, None),
+                (196, None), (None, 115), (229, None), (198, None), (None, 111), (None, 124), (None, 148), (None, 177),
+                (None, 156), (None, 132), (None, 129), (None, 153), (None, 115), (None, 140), (None, 140), (None, 157),
+                (None, 184), (None, 188), (None, 245), (None, 290), (None, 107), (None, 116), (None, 107), (None, 103),
+                (None, 91), (None, 98), (None, 94), (None, 94), (None, 105), (None, 96), (None, 88), (None, 80),
+                (None, 89), (None, 81), (None, 63), (None, 62), (None, 61), (None, 61), (109, None), (101, None),
+                (108, None), (102, None)]
+    said, printed = None, []
+    for noise, bound in readings:
+        value = noise_reading(noise, bound)
+        if worth_repeating(said, value):
+            said = value
+            printed.append(value)
+    assert printed == [129, 290, 107], printed  # 290 is 2.2x the first, 107 is 2.7x below it
