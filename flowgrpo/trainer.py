@@ -371,6 +371,8 @@ class Trainer:
                 self._noise_said = reading
             self.writer.info(noise_message(noise, per_step, bound, forward_learner=not self.learner.needs_transitions),
                              console=news)
+        elif noise is not None:
+            self._noise_said = None  # the batch is above the noise scale: the next reading below it is news
         return out
 
     def request_stop(self, reason: str) -> None:

@@ -73,7 +73,7 @@ class CoinFlip(Reward):
 
 
 @pytest.mark.parametrize("reward, expect_signal", [("analytic_hit", True), ("test_noise_scale:CoinFlip", False)])
-def test_the_diagnostic_sees_the_signal_of_a_run_that_learns_and_none_in_noise(reward, expect_signal, tmp_path):
+def test_the_diagnostic_sees_the_signal_of_a_run_that_learns_and_none_in_noise(reward, expect_signal, tmp_path, capfd):
     """On the analytic world (d = 2, Flow-GRPO, 8 prompts per step drawn from 64 lines: the 8 prompts × 8,
     so a step's prompts are close to independent draws), probing every iteration for 60 iterations: with
     analytic_hit (which this run learns) a signal is detected and B_noise is a few batches (measured
@@ -98,6 +98,11 @@ def test_the_diagnostic_sees_the_signal_of_a_run_that_learns_and_none_in_noise(r
         assert noise is not None and noise < 10 * 8, noise
     else:
         assert noise is None, noise
+    # every reading below the batch's noise scale is in train.log; the console repeats only the news
+    logged = [line.split(" ", 2)[2] for line in (trainer.cfg.run_dir / "train.log").read_text().splitlines()
+              if "gradient noise scale" in line]
+    shown = [line for line in capfd.readouterr().err.splitlines() if line.startswith("gradient noise scale")]
+    assert logged and 1 <= len(shown) <= len(logged) and set(shown) <= set(logged), (len(shown), len(logged))
 
 
 def test_a_reading_is_printed_again_only_when_it_is_news():
