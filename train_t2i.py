@@ -10,7 +10,7 @@ forward-process learners diffusion_nft, awm, dgpo), ``--config configs/analytic.
 
 import sys
 
-from flowgrpo.launch import main as launch
+from flowgrpo.cli.train import main as launch
 
 
 def main(argv=None) -> int:

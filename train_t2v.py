@@ -11,7 +11,7 @@ MP4s with a poster PNG each in runs/<name>/samples/step_<n>/.
 
 import sys
 
-from flowgrpo.launch import main as launch
+from flowgrpo.cli.train import main as launch
 
 
 def main(argv=None) -> int:

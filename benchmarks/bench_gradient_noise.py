@@ -23,7 +23,8 @@ import math
 import torch
 
 from flowgrpo.config import load_config
-from flowgrpo.trainer import Trainer
+from flowgrpo.engine.learners import Rollouts
+from flowgrpo.engine.trainer import Trainer
 
 
 def noise_scale(grads: torch.Tensor, samples: int) -> dict:
@@ -66,10 +67,11 @@ def main() -> None:
     trainer = Trainer(cfg)
     grads, rewards, samples = [], [], 0
     for k in range(args.batches):
-        batches = trainer.sample(k)
-        advantages, stats = trainer.advantages(batches)
-        trainer.learner.update(batches, advantages)
-        grads.append(torch.cat([p.grad.flatten().double() for p in trainer.params if p.grad is not None]))
+        plan = trainer.schedule.plan(k)
+        batches = trainer.sample(k, plan)
+        advantages, stats = trainer.assign_credit(batches, plan)
+        trainer.learner.update(Rollouts(k, plan, batches, advantages))
+        grads.append(torch.cat([p.grad.flatten().double() for p in trainer.policy.params if p.grad is not None]))
         rewards.append({key: v for key, v in stats.items() if key.startswith("reward/") and key.endswith("_mean")})
         samples += len(stats["leaf_rewards"])  # scored samples (the leaves of tree plans)
         print(f"batch {k + 1}/{args.batches}: |g| {grads[-1].norm():.3e}  {rewards[-1]}", flush=True)

@@ -50,8 +50,8 @@ def _one_run(job: tuple) -> dict:
 
     torch.set_num_threads(1)
     from flowgrpo.config import load_config
-    from flowgrpo.paths import configs_dir
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.run.paths import configs_dir
+    from flowgrpo.engine.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(preset, None, [
@@ -70,9 +70,9 @@ def _one_run(job: tuple) -> dict:
                 if score >= target:
                     reached = iteration + 1
                     break
-        nfe = trainer.nfe.as_dict()
+        nfe = trainer.policy.nfe.as_dict()
         iterations = reached or max_iterations
-        trainer.runner.close()
+        trainer.scoring.close()
     return {"preset": preset, "dim": dim, "seed": seed, "lr": cfg.train.learning_rate, "reached": reached is not None,
             "iterations": iterations,
             "samples": iterations * leaves, "nfe": nfe.get("rollout", 0) + nfe.get("probe", 0) + nfe.get("train_forward", 0)
@@ -131,7 +131,7 @@ def run_all(pool, jobs: list[tuple], label: str, log: str | None) -> list[dict]:
 
 
 def main() -> None:
-    from flowgrpo.paths import configs_dir
+    from flowgrpo.run.paths import configs_dir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dims", default="2,64,1024")

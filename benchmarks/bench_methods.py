@@ -13,7 +13,7 @@ import shutil
 import time
 
 from flowgrpo.config import load_config
-from flowgrpo.trainer import Trainer
+from flowgrpo.engine.trainer import Trainer
 
 from pathlib import Path
 
@@ -39,7 +39,7 @@ def run(preset: str, minutes: float, checkpoints: list[float]) -> dict:
         elapsed += metrics["time/iteration"] / 60  # training time only; evaluations are not counted
         while pending and elapsed >= pending[0]:
             scores[pending.pop(0)] = trainer.evaluate()["eval/mean_score"]
-    nfe = trainer.nfe.as_dict()
+    nfe = trainer.policy.nfe.as_dict()
     return {"preset": preset, "iterations": iterations,
             **{k: v / iterations for k, v in phases.items()},
             "rollout_nfe_per_iteration": nfe.get("rollout", 0) / iterations,

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flowgrpo import ops  # noqa: E402
+from flowgrpo import likelihood as ops  # noqa: E402
 
 SIZES = {  # name: (latent shape, batch sizes)
     "tiny 4x16x16": ((4, 16, 16), (8, 64)),

@@ -155,9 +155,9 @@ def instrument(trainer, spans: Spans) -> None:
     spans.patch(executor._Run, "apply", "apply")
     spans.patch(executor._Run, "step_noise", "step_noise")
     spans.patch(executor._Run, "records", "records")
-    spans.patch(trainer, "advantages", "advantages")
-    spans.patch(trainer, "backward", "backward")
-    spans.patch(trainer, "optimizer_step", "optimizer")
+    spans.patch(trainer, "assign_credit", "advantages")
+    spans.patch(trainer.policy, "backward", "backward")
+    spans.patch(trainer.policy, "step", "optimizer")
     spans.patch(trainer.writer, "log", "log")
     spans.patch(trainer.writer, "write_samples", "samples")
     for name in ("micro_loss", "_micro_step"):  # forward-process learners / the transition learner
@@ -176,7 +176,7 @@ def config_for(model: str, preset: str | None, overrides: list[str]):
 
 
 def run(model: str, preset: str | None, overrides: list[str], warmup: int, iterations: int) -> dict:
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.engine.trainer import Trainer
 
     cfg = config_for(model, preset, overrides)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)  # a benchmark run starts clean
@@ -212,7 +212,7 @@ def run(model: str, preset: str | None, overrides: list[str], warmup: int, itera
         checkpoint = time.perf_counter() - start
     finally:
         spans.restore()
-        trainer.runner.close()
+        trainer.scoring.close()
         trainer.writer.close()
     n = iterations
     per = {k: v / n for k, v in spans.seconds.items()}

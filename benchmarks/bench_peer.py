@@ -267,20 +267,21 @@ class Ours:
     """One Flow-GRPO iteration with flowgrpo's trainer (its sample phase and its transition learner)."""
 
     def __init__(self, trainer):
-        self.tr = trainer
-        trainer.runner.submit = lambda *args, **kwargs: None  # rewards are not part of the compared work
+        self.tr, self.iteration = trainer, 0
+        trainer.scoring.submit = lambda *args, **kwargs: None  # rewards are not part of the compared work
 
     def sample(self, iteration: int):
-        return self.tr.sample(iteration)
+        return self.tr.sample(iteration, self.tr.schedule.plan(iteration))
 
     def train(self, batches, leaf_advantages: torch.Tensor) -> dict:
-        from flowgrpo.learners import Advantages
+        from flowgrpo.engine.credit import Advantages
+        from flowgrpo.engine.learners import Rollouts
 
         rec = batches[0].record
         leaf_advantages = leaf_advantages[rec.leaf_root]  # given per sample (root order), as the peer's rows
         advantages = Advantages([rec.transition_values(leaf_advantages)], [leaf_advantages])
-        self.tr.iteration += 1  # another shuffle each pass, as successive iterations
-        return self.tr.learner.update(batches, advantages)
+        self.iteration += 1  # another shuffle each pass, as successive iterations
+        return self.tr.learner.update(Rollouts(self.iteration, self.tr.schedule.plan(0), batches, advantages))
 
 
 @contextlib.contextmanager
@@ -338,7 +339,7 @@ def check_equal(ours: Ours, peer: Peer, prompts_per_sample: list[str], sigmas: l
 # ---------------------------------------------------------------------------------------------------- the run
 def build(args):
     from flowgrpo.config import load_config
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.engine.trainer import Trainer
 
     overrides = ["run_name=bench-peer", "resume=false", "eval.every=0", "eval.at_start=false", "log.samples_every=0",
                  "log.save_every=0", "log.gallery=false", "log.progress=false", "log.tensorboard=false",
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         return run(fn, trainer, args)
     finally:
-        trainer.runner.close()
+        trainer.scoring.close()
         trainer.writer.close()
 
 
@@ -382,8 +383,8 @@ def run(fn, trainer, args) -> dict:
     if num_train != trained_steps(args.steps):
         raise SystemExit(f"flowgrpo's plan trains {num_train} steps per sample, Flow-GRPO {trained_steps(args.steps)}")
     sigmas = [float(s) for s in plan.sigmas.to(torch.float32)[:-1]]
-    slots = trainer._iteration_slots(0)[0]
-    texts = [trainer.prompts[trainer._dataset_index(0, s)] for s in slots]
+    slots = trainer.draws.iteration_slots(0)[0]
+    texts = [trainer.draws.prompts[trainer.draws.dataset_index(0, s)] for s in slots]
     prompts_per_sample = [t for t in texts for _ in range(args.group)]
     print(f"peer: {fn.path} at commit {fn.commit}")
     print(f"work: {args.prompts} prompts x group {args.group} = {len(prompts_per_sample)} samples, {args.steps} flow_sde "

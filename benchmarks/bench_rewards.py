@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from rewards.toy.world import eval_prompts, render_prompt
+    from worlds.toy.scenes import eval_prompts, render_prompt
 
     toy = eval_prompts()[: args.batch]
     prompts = [p.text for p in toy]

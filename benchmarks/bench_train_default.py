@@ -40,12 +40,12 @@ def run_seed(job: tuple) -> dict:
         torch.set_num_threads(threads)
     from flowgrpo.config import load_config
     from flowgrpo.evaluate import before_after, second_half_level
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.engine.trainer import Trainer
 
     name = f"bench-default{'-t2v' if video else ''}{tag}-s{seed}"
     cfg = load_config(preset, None, [f"run_name={name}", "resume=false", f"eval.every={eval_every}", f"train.seed={seed}",
                                    "log.progress=false", *overrides], default="default_t2v" if video else "default")
-    if control:  # every advantage's sign flipped (flowgrpo.advantages.combine_rewards: weight -1 minimises)
+    if control:  # every advantage's sign flipped (flowgrpo.engine.credit.combine_rewards: weight -1 minimises)
         for spec in cfg.rewards:
             spec.weight = -spec.weight
     # the config's iterations (its learning-rate schedule spans them) or the time budget, whichever ends first
@@ -53,7 +53,7 @@ def run_seed(job: tuple) -> dict:
     trainer = Trainer(cfg)
     evaluations = [{"minutes": 0.0, "iteration": 0, **trainer.evaluate()}]
     rewards, trained = [], 0.0
-    reward_key = f"reward/{trainer.rewards[0].name}_mean"
+    reward_key = f"reward/{trainer.scoring.names[0]}_mean"
     for iteration in range(cfg.train.iterations):
         started = time.time()
         metrics = trainer.step(iteration)
@@ -67,12 +67,12 @@ def run_seed(job: tuple) -> dict:
             break
     if "eval/mean_score" not in metrics:  # end on an evaluation
         evaluations.append({"minutes": trained / 60, "iteration": iteration + 1, **trainer.evaluate()})
-    trainer.runner.close()
+    trainer.scoring.close()
     scores = trainer.writer.read_eval_scores()
     stats = before_after(scores[0]["scores"], scores[-1]["scores"], scores[0].get("tasks"))
     stats["second_half"] = second_half_level(scores)  # the level the run holds, steadier than its last evaluation
     return {"seed": seed, "run_dir": str(cfg.run_dir), "evaluations": evaluations, "rewards": rewards, "stats": stats,
-            "reward_name": trainer.rewards[0].name, "reward_weights": [float(w) for w in trainer.reward_weights],
+            "reward_name": trainer.scoring.names[0], "reward_weights": [float(w) for w in trainer.scoring.weights],
             "eval_reward": cfg.eval.reward, "fps": cfg.log.video_fps}
 
 

@@ -34,7 +34,7 @@ def main() -> None:
     from flowgrpo.config import load_config
     from flowgrpo.data import read_prompts
     from flowgrpo.evaluate import generate
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.engine.trainer import Trainer
     from rewards import load_reward
 
     cfg = load_config(None, None, ["run_name=bench-training-reward", "resume=false", "eval.every=0", "eval.at_start=false",
@@ -64,7 +64,7 @@ def main() -> None:
         if (iteration + 1) % args.every == 0:
             score(iteration + 1, trained)
             trained = []
-    trainer.runner.close()
+    trainer.scoring.close()
 
 
 if __name__ == "__main__":

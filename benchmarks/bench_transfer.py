@@ -3,7 +3,7 @@
     python benchmarks/bench_transfer.py [--tasks colors,counting] [--prompt "a photo of a blue square" ...]
                                         [--iterations 200] [--every 50] [--jobs 2] [key=value ...]
 
-For each task named (its prompts of the training split, ``rewards.toy.world.train_prompts``) and each
+For each task named (its prompts of the training split, ``worlds.toy.scenes.train_prompts``) and each
 single ``--prompt``, trains the embedded default (configs/default.yaml plus the overrides; the
 benchmark sets ``prompts``) on those prompts alone for ``--iterations`` iterations and prints, every ``--every`` iterations, the mean
 training reward of the iterations since the last line and the held-out `toy` score of the same task
@@ -36,7 +36,7 @@ def job_name(spec: tuple[str, str]) -> str:
 def write_prompts(spec: tuple[str, str], path: Path) -> str:
     """The job's training prompts as a .jsonl file (with the world's metadata); returns the held-out task they test.
     A task that is not the toy world's, or a prompt its grammar does not parse, raises TransferSpecError naming the fix."""
-    from rewards.toy.world import TASKS, parse_prompt, train_prompts
+    from worlds.toy.scenes import TASKS, parse_prompt, train_prompts
 
     kind, value = spec
     if kind == "task":
@@ -68,7 +68,7 @@ def run_job(job: tuple) -> dict:
     if threads:
         torch.set_num_threads(threads)
     from flowgrpo.config import load_config
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.engine.trainer import Trainer
 
     name = job_name(spec)
     cfg = load_config(None, None, [f"run_name=bench-transfer-{name}", "resume=false", f"eval.every={every}",
@@ -82,7 +82,7 @@ def run_job(job: tuple) -> dict:
     cfg.prompts = str(prompt_file)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     trainer = Trainer(cfg)
-    reward_key = f"reward/{trainer.rewards[0].name}_mean"
+    reward_key = f"reward/{trainer.scoring.names[0]}_mean"
 
     def row(iteration: int, metrics: dict, trained: list[float]) -> dict:
         out = {"iteration": iteration, "held_out": metrics["eval/mean_score"],
@@ -102,9 +102,9 @@ def run_job(job: tuple) -> dict:
             trained = []
     if trained:
         rows.append(row(iterations, trainer.evaluate(), trained))
-    trainer.runner.close()
+    trainer.scoring.close()
     return {"job": name, "task": task, "prompts": len(Path(cfg.prompts).read_text().splitlines()), "run_dir": str(cfg.run_dir),
-            "learning_rate": cfg.train.learning_rate, "reward_name": trainer.rewards[0].name, "rows": rows}
+            "learning_rate": cfg.train.learning_rate, "reward_name": trainer.scoring.names[0], "rows": rows}
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rewards.toy.scorer import ToyScorer
-from rewards.toy.world import TASKS
+from worlds.toy.scenes import TASKS
 
 CLAUSE_TYPES = ("object", "color", "position")
 

@@ -1,8 +1,16 @@
-"""flowgrpo: GRPO fine-tuning of flow-matching text-to-image and text-to-video models.
+"""flowgrpo: reinforcement-learning fine-tuning of flow-matching text-to-image and text-to-video models.
 
-Every published method (Flow-GRPO, DanceGRPO, MixGRPO, BranchGRPO, TempFlow-GRPO, SAGE-GRPO,
-GRPO-Guard) is a rollout plan (``samplers``) plus a credit-assignment rule run by one engine; rewards
-are plug-ins (``rewards``). See README.md and ../shared/DESIGN.md for the layering.
+Every published method is a rollout plan (``samplers``) plus a credit-assignment rule and a learner, run
+by one engine (``flowgrpo.engine``); rewards are plug-ins (``rewards``); the toy and analytic worlds the
+CPU runs on are ``worlds``. The packages of flowgrpo, by role (docs/design.md):
+
+    flowgrpo.engine      the training loop, the policy and its copies of the weights, credit, learners, loss
+    flowgrpo.likelihood  the per-transition likelihood terms: PyTorch reference and the fused C++/CUDA op
+    flowgrpo.models      model adapters (SD3, FLUX, Wan, the analytic world) and their configs
+    flowgrpo.run         run bookkeeping: run folder, checkpoints, interrupts, threads, errors, paths
+    flowgrpo.tiny        the tiny world's models: builders, pretraining, the shipped assets
+    flowgrpo.cli         the command lines: the training scripts' parser and the ``flowgrpo`` command
+    flowgrpo.config, flowgrpo.data, flowgrpo.evaluate   the config schema, prompt sets, sampling and scoring
 """
 
 import flowgrpo_torchvision_compat as _tv_compat

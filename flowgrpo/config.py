@@ -21,9 +21,9 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from flowgrpo.errors import UserError
+from flowgrpo.run.errors import ConfigError
 from flowgrpo.models.config import ModelConfig, validate_model_config
-from flowgrpo.paths import configs_dir
+from flowgrpo.run.paths import configs_dir
 
 
 @dataclass
@@ -67,7 +67,7 @@ class LossConfig:
     anchor_refresh: int = 10  # SAGE: optimizer steps between anchor refreshes
     rollout_kl_coef: float = 0.0  # SAGE: KL to the rollout policy μ_old (0 = off)
     normalize: str = "group"  # loss normalisation: group (per group or tree, by its trained transitions) | transition (plain mean)
-    likelihood_backend: str = "reference"  # per-transition likelihood terms (flowgrpo/ops.py): reference (PyTorch, the
+    likelihood_backend: str = "reference"  # per-transition likelihood terms (flowgrpo/likelihood/): reference (PyTorch, the
     #   specification) | fused (the csrc/ op; fails with instructions if it cannot be built) | auto (fused when it can)
 
 
@@ -108,7 +108,7 @@ class DGPOConfig:
 
 @dataclass
 class LearnerConfig:
-    # the update rule (flowgrpo/learners/): transition (the denoising-MDP GRPO loss on stored SDE transitions,
+    # the update rule (flowgrpo/engine/learners/): transition (the denoising-MDP GRPO loss on stored SDE transitions,
     # MATH.md §3: every plan preset) | diffusion_nft | awm | dgpo (forward-process learners on the clean samples, §5)
     name: str = "transition"
     # --- forward-process learners: K training draws (t, ε) per sample and inner epoch, x_t = (1 − t)·x0 + t·ε
@@ -181,7 +181,7 @@ class LogConfig:
     gallery: bool = True  # build the review site (gallery/) into <run>/gallery at the end of the run
     wandb: bool = False  # also log metrics to Weights & Biases (pip install wandb; project "flowgrpo", run = run_name)
     # measure the gradient noise scale every N iterations from the update's per-micro-batch gradients (0 = never);
-    # logs grad_noise/* and prints one line when the batch is below it (flowgrpo/noise_scale.py)
+    # logs grad_noise/* and prints one line when the batch is below it (flowgrpo/engine/noise_scale.py)
     grad_noise_every: int = 10
 
 
@@ -190,11 +190,11 @@ class Config:
     run_name: str = "tiny-sd3-toy"  # the run folder is <output_dir>/<run_name>
     output_dir: str = "runs"
     resume: bool = True  # continue from the newest checkpoint of the run folder if there is one
-    # a rerun whose config differs from the run folder's in keys that change the experiment (flowgrpo/run_dir.py:
+    # a rerun whose config differs from the run folder's in keys that change the experiment (flowgrpo/run/run_dir.py:
     # NEUTRAL_KEYS lists the others) is refused; true continues with the change, appended to config_history.jsonl
     allow_config_change: bool = False
     # torch CPU threads per process (--threads N): 0 = automatic (OMP_NUM_THREADS if set, else the cores no other
-    # process is busy on, shared by this machine's processes; flowgrpo/threads.py), N = exactly N; printed at start-up
+    # process is busy on, shared by this machine's processes; flowgrpo/run/threads.py), N = exactly N; printed at start-up
     threads: int = 0
     prompts: str = "toy-train"  # training prompts: toy-train | a .txt or .jsonl file
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -212,6 +212,9 @@ class Config:
         return Path(self.output_dir) / self.run_name
 
 
+# the learners of flowgrpo/engine/learners/ (its LEARNERS registry; tests/engine/test_learners.py keeps the two equal)
+LEARNER_NAMES = ("transition", "diffusion_nft", "awm", "dgpo")
+
 _CHOICES = {
     "sampling.reduce": ("mean", "sum"),
     "advantage.std": ("group", "global", "none"),
@@ -228,10 +231,6 @@ _CHOICES = {
     "learner.train_guidance": ("conditional", "cfg"),
     "learner.awm.weighting": ("uniform", "t", "t2", "huber", "ghuber"),
 }
-
-
-class ConfigError(UserError, ValueError):
-    """A bad configuration; the message names the key, the value and the fix."""
 
 
 def _resolve_yaml(spec: str, folder: str) -> Path:
@@ -330,10 +329,8 @@ def validate(cfg: Config) -> None:
         value = OmegaConf.select(structured, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not allowed; use one of {list(allowed)}")
-    from flowgrpo.learners import LEARNERS
-
-    if cfg.learner.name not in LEARNERS:
-        raise ConfigError(f"learner.name={cfg.learner.name!r} is unknown; use one of {sorted(LEARNERS)}")
+    if cfg.learner.name not in LEARNER_NAMES:
+        raise ConfigError(f"learner.name={cfg.learner.name!r} is unknown; use one of {sorted(LEARNER_NAMES)}")
     if cfg.sampling.method not in samplers.METHOD_PRESETS:
         raise ConfigError(f"sampling.method={cfg.sampling.method!r} is unknown; use one of {sorted(samplers.METHOD_PRESETS)}")
     if not cfg.rewards:
@@ -388,11 +385,22 @@ def validate(cfg: Config) -> None:
 
 
 def plan_arguments(cfg: Config) -> dict:
-    """The compose_plan arguments of the run: the method preset with the config's overrides."""
+    """The compose_plan arguments of the run: the method preset with the config's overrides (validation reads
+    them; the loop asks the plans of ``plan_schedule`` instead)."""
     import samplers
 
     preset = samplers.METHOD_PRESETS[cfg.sampling.method]
     return {**preset["plan"], **dict(cfg.sampling.plan)}
+
+
+def plan_schedule(cfg: Config, model_shift: float):
+    """The run's plan schedule (samplers.method_schedule): the plan of every iteration, built with the time shift
+    of sampling.plan.shift, else sampling.shift, else the model's."""
+    import samplers
+
+    shift = plan_arguments(cfg).get("shift", cfg.sampling.shift or model_shift)
+    return samplers.method_schedule(cfg.sampling.method, plan={**cfg.sampling.plan, "shift": shift},
+                                    window=dict(cfg.sampling.window) or None, seed=cfg.train.seed)
 
 
 def processes_check(cfg: Config, world_size: int) -> None:
@@ -406,19 +414,16 @@ def processes_check(cfg: Config, world_size: int) -> None:
         )
 
 
-def describe_batches(cfg: Config, world_size: int, leaves_per_prompt: int, trained_per_prompt: int) -> str:
-    """The derived batch arithmetic, printed at start-up."""
+def describe_batches(cfg: Config, world_size: int, leaves_per_prompt: int, learner_lines: str) -> str:
+    """The derived batch arithmetic, printed at start-up; ``learner_lines``: what the learner trains per
+    iteration and in how many steps (the learner's ``describe``)."""
     t = cfg.train
     per_rank = t.prompts_per_iteration // world_size
-    transitions = t.prompts_per_iteration * trained_per_prompt
     lines = [
         f"processes: {world_size}; prompts per iteration: {t.prompts_per_iteration} ({per_rank} per process, "
         f"{cfg.sampling.batches_per_iteration} rollout batches)",
         f"samples (leaves) per prompt: {leaves_per_prompt}; per iteration: {t.prompts_per_iteration * leaves_per_prompt}",
-        f"trained transitions per prompt: {trained_per_prompt}; per iteration: {transitions}",
-        f"optimizer steps per iteration: {t.inner_epochs} epochs x {t.updates_per_epoch} updates = "
-        f"{t.inner_epochs * t.updates_per_epoch}; ~{transitions // t.updates_per_epoch} transitions per update "
-        f"in micro-batches of {t.micro_batch} per process",
+        learner_lines,
     ]
     return "\n".join(lines)
 

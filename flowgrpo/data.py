@@ -8,18 +8,20 @@ from pathlib import Path
 import torch
 
 import samplers
-from flowgrpo.errors import UserError
+from flowgrpo.run.errors import UserError
+from worlds import analytic
+from worlds.toy import clips, scenes
 
 
 class PromptFileError(UserError, ValueError):
     """A prompt set that cannot be read; the message names the fix."""
 
 
-# the built-in prompt sets: name -> the module of their world (its train_prompts() / eval_prompts())
+# the built-in prompt sets: name -> the function of their world (worlds/) that lists them
 BUILTIN_PROMPT_SETS = {
-    "toy-train": "rewards.toy.world", "toy-eval": "rewards.toy.world",
-    "toy-video-train": "rewards.toy.video_world", "toy-video-eval": "rewards.toy.video_world",
-    "analytic-train": "rewards.analytic", "analytic-eval": "rewards.analytic",
+    "toy-train": scenes.train_prompts, "toy-eval": scenes.eval_prompts,
+    "toy-video-train": clips.train_prompts, "toy-video-eval": clips.eval_prompts,
+    "analytic-train": analytic.train_prompts, "analytic-eval": analytic.eval_prompts,
 }
 
 
@@ -29,10 +31,7 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
     analytic world)), a .txt file (one prompt a line) or a .jsonl file ({"prompt": ..., "metadata":
     {...}} a line; metadata optional)."""
     if spec in BUILTIN_PROMPT_SETS:
-        import importlib
-
-        world = importlib.import_module(BUILTIN_PROMPT_SETS[spec])
-        items = world.eval_prompts() if spec.endswith("eval") else world.train_prompts()
+        items = BUILTIN_PROMPT_SETS[spec]()
         prompts, metadata = [p.text for p in items], [p.to_dict() for p in items]
     else:
         path = Path(spec)

@@ -77,7 +77,7 @@ def write_run(run_dir, steps: int = 3, prompts_per_step: int = 4, per_prompt: in
               group_size: int | None = None) -> Path:
     """Write a run directory; returns it. ``distinct_images`` reuses that many PNGs' bytes (fast for big runs).
     ``group_size`` (default ``per_prompt``): samples per training group, of which the first ``per_prompt`` are
-    saved; the manifest's group_size and group_rewards cover all of them, as flowgrpo.run_dir writes them."""
+    saved; the manifest's group_size and group_rewards cover all of them, as flowgrpo.run.run_dir writes them."""
     group_size = group_size or per_prompt
     run = Path(run_dir)
     (run / "samples").mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ the trajectory record — every GRPO method for flow models as a plan run by one
     record = rollout(velocity, plan, prompt_ids=ids, latent_shape=(16, 8, 8), seed=0, iteration=iteration)
 
 ``velocity(x [N, *latent], sigma [N] float32, cond_index [N] long) -> v [N, *latent]`` is the one
-model interface. Formulas: ../shared/MATH.md §1–2; architecture and contracts: docs/samplers.md.
+model interface. Formulas: docs/math.md §1–2; architecture and contracts: docs/samplers.md.
 """
 
 from samplers.executor import rollout, sample_endpoints

@@ -32,7 +32,7 @@ from samplers.grids import (
     make_generator,
     seed_prefix,
 )
-from samplers.kernels import KERNEL_NAMES, _column, compute_dtype, get_kernel, log_prob
+from samplers.kernels import KERNEL_NAMES, column, compute_dtype, get_kernel, log_prob
 from samplers.plans import Plan
 from samplers.solvers import Velocity, call_velocity, data_prediction, ode_step
 from samplers.trajectory import Endpoints, NFECounter, Trajectory
@@ -174,7 +174,7 @@ class _Run:
             return self.place(x_next, rows, out.to(self.dtype))
         mean, std = get_kernel(eg.kernel)(xs, vs, sigma, sigma_next, eg.eta)
         noise = self.step_noise(eg, self.tpl.levels[i].node_id.tolist(), gens)
-        drawn = mean.unsqueeze(1) + _column(std, mean).unsqueeze(1) * noise
+        drawn = mean.unsqueeze(1) + column(std, mean).unsqueeze(1) * noise
         stored = drawn.to(self.dtype).flatten(0, 1)  # [P·E·F, *latent], x' in its storage dtype
         x_next = self.place(x_next, rows, stored)
         if not (self.keep_record and eg.trained):

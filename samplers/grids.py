@@ -1,6 +1,6 @@
 """Time grids and seed derivation: the two pure functions every rollout starts from.
 
-Time grids (MATH.md §0): flow time σ runs from 1 (noise) to 0 (data). ``time_grid`` is the SD3 grid:
+Time grids (docs/math.md §0): flow time σ runs from 1 (noise) to 0 (data). ``time_grid`` is the SD3 grid:
 ``T + 1`` points linear in an unshifted time t = 1 − i/T, mapped through the time shift
 σ = k·t / (1 + (k − 1)·t). It is returned in **float64**; the executor, ``sample_ode`` and the
 trajectory record cast it to float32 once, and those float32 values are the σ the model sees and the

@@ -1,4 +1,4 @@
-"""Transition kernels: one denoising step x → x' ~ N(μ, s²·I), as pure functions (MATH.md §1).
+"""Transition kernels: one denoising step x → x' ~ N(μ, s²·I), as pure functions (docs/math.md §1).
 
 Every kernel has the signature ``kernel(x, v, sigma, sigma_next, eta) -> (mean, std)``:
 x and v are [N, *latent] (any rank, any float dtype), sigma / sigma_next / eta are python numbers or
@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple
 import torch
 
 KERNEL_NAMES = ("ode", "flow_sde", "dance_sde", "cps", "sage_sde")
-# the paper defaults (MATH.md §1); Flow-GRPO uses 0.9 on FLUX
+# the paper defaults (docs/math.md §1); Flow-GRPO uses 0.9 on FLUX
 DEFAULT_ETA = {"ode": 0.0, "flow_sde": 0.7, "dance_sde": 0.3, "cps": 0.8, "sage_sde": 0.5}
 SAGE_SIGMA_CAP = 1.0 - 3e-3  # sage_sde evaluates ln(1 − σ) at min(σ, 1 − 3e-3)
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -45,10 +45,19 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _per_sample(value: Scalar, n: int, device: torch.device, name: str) -> torch.Tensor:
-    """``value`` as a float64 tensor [n]; accepts a number, a 0-d tensor, [n] or [n, 1, ..., 1]."""
+def per_sample(value: Scalar, n: int, device, name: str) -> torch.Tensor:
+    """``value`` as a float64 tensor [n] on ``device``: a number, a 0-d tensor, [n] or [n, 1, ..., 1].
+
+    Per-sample coefficients are constants of a step (σ, σ', η and what they give: a, b, std), so a
+    tensor that requires grad is refused. The one helper every per-sample scalar goes through (the
+    kernels here, the likelihood terms of flowgrpo/likelihood/)."""
     if not isinstance(value, torch.Tensor):
         return torch.full((n,), float(value), dtype=torch.float64, device=device)
+    if value.requires_grad:
+        raise ValueError(
+            f"{name} requires grad: the per-sample coefficients are constants of a step "
+            "(compute them from sigma, sigma_next, eta under no_grad)"
+        )
     value = value.to(device=device, dtype=torch.float64)
     if value.dim() == 0:
         return value.expand(n)
@@ -59,9 +68,20 @@ def _per_sample(value: Scalar, n: int, device: torch.device, name: str) -> torch
     return value.reshape(n)
 
 
-def _column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def column(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """[N] → [N, 1, ..., 1] in like's dtype, broadcastable against like ([N, *latent])."""
     return values.to(like.dtype).view((-1,) + (1,) * (like.dim() - 1))
+
+
+def affine(x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a·x + b·w per row in ``dtype``, rounded the one way every kernel mean is: x·a, then += w·b.
+
+    a, b: float64 [N]; x, w: [N, *latent]. A row's result depends only on that row (products and the
+    sum are exactly rounded), which is what makes the ratio == 1 contract exact."""
+    xc = x.to(dtype)
+    out = xc * column(a, xc)
+    out += w.to(dtype) * column(b, xc)
+    return out
 
 
 def _score_corrected(var, delta, sigma):
@@ -90,9 +110,9 @@ def kernel_coefficients(
     if name not in KERNEL_NAMES:
         raise ValueError(f"unknown kernel {name!r}; use one of {KERNEL_NAMES}")
     n, device = _batch_size((sigma, sigma_next, eta), n, device)
-    sigma = _per_sample(sigma, n, device, "sigma")
-    sigma_next = _per_sample(sigma_next, n, device, "sigma_next")
-    eta = _per_sample(eta, n, device, "eta")
+    sigma = per_sample(sigma, n, device, "sigma")
+    sigma_next = per_sample(sigma_next, n, device, "sigma_next")
+    eta = per_sample(eta, n, device, "eta")
     delta = sigma - sigma_next
     if bool((delta <= 0).any()) or bool((sigma > 1).any()) or bool((sigma_next < 0).any()):
         raise ValueError(
@@ -138,10 +158,7 @@ def _apply(name: str, x, v, sigma, sigma_next, eta) -> tuple[torch.Tensor, torch
         )
     dtype = compute_dtype(x.dtype)
     a, b, std = kernel_coefficients(name, sigma, sigma_next, eta, x.shape[0], x.device)
-    xc, vc = x.to(dtype), v.to(dtype)
-    mean = xc * _column(a, xc)
-    mean += vc * _column(b, xc)
-    return mean, std.to(dtype)
+    return affine(x, v, a, b, dtype), std.to(dtype)
 
 
 def ode(x, v, sigma, sigma_next, eta=0.0):
@@ -196,7 +213,7 @@ def log_prob(x_next: torch.Tensor, mean: torch.Tensor, std: Scalar, reduce: str 
         raise ValueError(f"x_next {tuple(x_next.shape)} and mean {tuple(mean.shape)} differ in shape")
     dtype = compute_dtype(mean.dtype)
     n, d = mean.shape[0], math.prod(mean.shape[1:])
-    std64 = _per_sample(std, n, mean.device, "std")
+    std64 = per_sample(std, n, mean.device, "std")
     if bool((std64 <= 0).any()):
         raise ValueError(
             "log_prob needs std > 0: ODE steps, η = 0 and cps at σ' = 0 have no density; "
@@ -249,7 +266,7 @@ def transition(
     if noise is not None:
         if noise.shape != mean.shape:
             raise ValueError(f"noise {tuple(noise.shape)} must match x {tuple(mean.shape)}")
-        next_state = (mean + _column(std, mean) * noise.to(mean.dtype)).to(x.dtype)
+        next_state = (mean + column(std, mean) * noise.to(mean.dtype)).to(x.dtype)
     return Transition(next_state, log_prob(next_state, mean, std, reduce), mean, std)
 
 
@@ -259,6 +276,8 @@ __all__ = [
     "KERNEL_NAMES",
     "SAGE_SIGMA_CAP",
     "Transition",
+    "affine",
+    "column",
     "compute_dtype",
     "cps",
     "dance_sde",
@@ -267,6 +286,7 @@ __all__ = [
     "kernel_coefficients",
     "log_prob",
     "ode",
+    "per_sample",
     "sage_sde",
     "transition",
 ]

@@ -1,4 +1,4 @@
-"""Rollout plans: which step does what, for one training iteration (MATH.md §2, DESIGN.md "Plan").
+"""Rollout plans: which step does what, for one training iteration (docs/math.md §2, docs/design.md).
 
 A ``Plan`` is a frozen record: the σ grid, one ``StepSpec`` per step, the number of roots per prompt
 and how their initial noise is shared. Every node of the rollout tree is on the *main lane* or on a
@@ -28,6 +28,7 @@ import torch
 from samplers.grids import flash_grid, time_grid
 from samplers.kernels import DEFAULT_ETA, KERNEL_NAMES, kernel_coefficients
 from samplers.solvers import SOLVER_NAMES
+from samplers.tree import template_for
 
 SPLIT_NOISE_MODES = ("correlated", "independent", "scaled_compat")
 INITIAL_NOISE_MODES = ("shared", "independent")
@@ -94,6 +95,7 @@ class Plan:
     initial_noise: str = "shared"  # "shared": every root of a prompt starts from the same x_T
     train_subset: int | None = None  # each root trains a random subset of this many trained steps
     name: str = "custom"
+    shift: float | None = None  # the time shift the grid was built with (None: a grid given as it is)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -141,10 +143,13 @@ class Plan:
     def num_steps(self) -> int:
         return len(self.steps)
 
+    @property
+    def branches(self) -> bool:
+        """Whether the main lane splits (a BranchGRPO tree: advantages are depth-wise node values)."""
+        return any(s.branch > 1 for s in self.steps)
+
     def counts(self) -> dict[str, int]:
         """Closed-form costs per prompt: forwards by NFE category, leaves, trained transitions."""
-        from samplers.tree import template_for  # the tree template is built from the plan
-
         return dict(template_for(self).counts)
 
     def describe(self) -> str:
@@ -284,10 +289,11 @@ def compose_plan(
         initial_noise=initial_noise,
         train_subset=subset,
         name=name,
+        shift=float(shift),
     )
 
 
-# Paper defaults per method (MATH.md §2): compose_plan arguments, plus the window schedule that moves
+# Paper defaults per method (docs/math.md §2): compose_plan arguments, plus the window schedule that moves
 # the SDE window (None: the plan is the same every iteration). Presets are data: a config overrides
 # any key, and the combinations compose (e.g. branch_grpo_mix with kernel="sage_sde").
 METHOD_PRESETS: dict[str, dict] = {

@@ -1,4 +1,4 @@
-"""Plan schedules: the plan for iteration n, with the state that moves SDE windows (MATH.md §2).
+"""Plan schedules: the plan for iteration n, with the state that moves SDE windows (docs/math.md §2).
 
 ``WindowSchedule`` gives the start l of an SDE window W(l) = {l, …, l + w − 1} for every iteration:
 - ``progressive``: start at ``start``; after holding a position τ iterations, l ← min(l + s, T − w);

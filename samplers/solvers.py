@@ -1,4 +1,4 @@
-"""ODE solvers for untrained steps, and the evaluation rollout ``sample_ode`` (MATH.md §1).
+"""ODE solvers for untrained steps, and the evaluation rollout ``sample_ode`` (docs/math.md §1).
 
 Two solvers, both stateless functions of (x, v, σ, σ') plus, for the multistep one, the previous
 step's (σ_prev, x̂0_prev):
@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from samplers.kernels import Scalar, _batch_size, _column, _per_sample, compute_dtype, ode
+from samplers.kernels import Scalar, _batch_size, column, per_sample, compute_dtype, ode
 
 SOLVER_NAMES = ("euler", "dpmpp_2m")
 
@@ -32,8 +32,8 @@ Velocity = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 def data_prediction(x: torch.Tensor, v: torch.Tensor, sigma: Scalar) -> torch.Tensor:
     """x̂0 = x − σ·v [N, *latent] in the compute dtype (the solver history entry)."""
     dtype = compute_dtype(x.dtype)
-    sigma = _per_sample(sigma, x.shape[0], x.device, "sigma")
-    return x.to(dtype) - _column(sigma, x.to(dtype)) * v.to(dtype)
+    sigma = per_sample(sigma, x.shape[0], x.device, "sigma")
+    return x.to(dtype) - column(sigma, x.to(dtype)) * v.to(dtype)
 
 
 def euler_step(x, v, sigma: Scalar, sigma_next: Scalar) -> torch.Tensor:
@@ -44,8 +44,8 @@ def euler_step(x, v, sigma: Scalar, sigma_next: Scalar) -> torch.Tensor:
 def dpmpp_2m_coefficients(sigma, sigma_next, prev_sigma=None, n: int | None = None, device=None):
     """(A, B, C), float64 [n]: x' = A·x + B·x̂0 + C·x̂0_prev. C = 0 where the step is first order."""
     n, device = _batch_size((sigma, sigma_next, prev_sigma), n, device)
-    sigma = _per_sample(sigma, n, device, "sigma")
-    sigma_next = _per_sample(sigma_next, n, device, "sigma_next")
+    sigma = per_sample(sigma, n, device, "sigma")
+    sigma_next = per_sample(sigma_next, n, device, "sigma_next")
     if bool((sigma_next >= sigma).any()) or bool((sigma > 1).any()) or bool((sigma_next < 0).any()):
         raise ValueError("a step needs 1 ≥ sigma > sigma_next ≥ 0")
     alpha, alpha_next = 1.0 - sigma, 1.0 - sigma_next
@@ -53,7 +53,7 @@ def dpmpp_2m_coefficients(sigma, sigma_next, prev_sigma=None, n: int | None = No
     beta = alpha_next - alpha * ratio  # = −α'·(e^{−h} − 1)
     if prev_sigma is None:
         return ratio, beta, torch.zeros_like(beta)
-    prev_sigma = _per_sample(prev_sigma, n, device, "prev_sigma")
+    prev_sigma = per_sample(prev_sigma, n, device, "prev_sigma")
     if bool((prev_sigma <= sigma).any()):
         raise ValueError("prev_sigma must be larger than sigma (the grid runs from 1 to 0)")
     second = (prev_sigma < 1.0) & (sigma_next > 0.0)
@@ -75,10 +75,10 @@ def dpmpp_2m_step(x, v, sigma, sigma_next, prev_sigma=None, prev_data=None) -> t
     xc = x.to(dtype)
     data = data_prediction(xc, v, sigma)
     a, b, c = dpmpp_2m_coefficients(sigma, sigma_next, prev_sigma, x.shape[0], x.device)
-    out = xc * _column(a, xc)
-    out += data * _column(b, xc)
+    out = xc * column(a, xc)
+    out += data * column(b, xc)
     if prev_data is not None:
-        out += prev_data.to(dtype) * _column(c, xc)
+        out += prev_data.to(dtype) * column(c, xc)
     return out
 
 

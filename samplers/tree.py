@@ -1,5 +1,8 @@
 """The per-prompt rollout tree of a plan: nodes, levels and edge groups (built once, cached).
 
+A plan (samplers/plans.py) asks for its tree here; this module reads the plan's fields and imports nothing
+of plans.py, so the two never import each other.
+
 Every prompt's tree has the same shape (the plan is shared by the batch), so the executor builds it
 once per plan and tiles it over prompts. Node ids are per prompt and enumerate nodes level by level:
 roots 0..R−1, then each level's children in parent order, a parent's main children before its side
@@ -18,7 +21,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from samplers.plans import Plan
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,8 @@ def _edge_group(kind: str, step, parents: list[int], first_child: list[int]) -> 
     )
 
 
-def _build(plan: Plan) -> Template:
+def _build(plan) -> Template:
+    """The tree of ``plan`` (a samplers.plans.Plan: its steps, roots per prompt and train subset)."""
     nodes = _NodeTable()
     R = plan.roots_per_prompt
     level_ids = [nodes.add(-1, 0, 0, r, False, "rollout") for r in range(R)]
@@ -173,8 +176,8 @@ def _build(plan: Plan) -> Template:
     )
 
 
-def template_for(plan: Plan) -> Template:
-    """The (cached) tree template of ``plan``."""
+def template_for(plan) -> Template:
+    """The (cached) tree template of ``plan`` (a samplers.plans.Plan)."""
     if "template" not in plan._cache:
         plan._cache["template"] = _build(plan)
     return plan._cache["template"]

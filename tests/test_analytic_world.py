@@ -12,7 +12,7 @@ import torch
 import samplers
 from flowgrpo.models import load_model
 from flowgrpo.models.analytic import mixture_velocity
-from rewards import analytic as world
+from worlds import analytic as world
 from rewards import load_reward
 
 
@@ -227,7 +227,7 @@ def test_train_t2i_runs_the_analytic_config_with_any_preset_and_writes_scatter_s
 
     from PIL import Image
 
-    from flowgrpo.paths import configs_dir
+    from flowgrpo.run.paths import configs_dir
 
     spec = importlib.util.spec_from_file_location("train_t2i", configs_dir().parent / "train_t2i.py")
     train_t2i = importlib.util.module_from_spec(spec)
@@ -258,8 +258,8 @@ def test_a_diverged_policy_stops_with_one_clear_message(tmp_path):
     """Learning rate 1e5 without gradient clipping sends the residual network to inf/NaN; the run stops
     with a message that names the fix (not a reward's complaint about its input)."""
     from flowgrpo.config import load_config
-    from flowgrpo.paths import configs_dir
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.run.paths import configs_dir
+    from flowgrpo.engine.trainer import Trainer
 
     cfg = load_config(None, None, [f"output_dir={tmp_path}", "log.progress=false", "train.iterations=30", "eval.every=0",
                                    "log.samples_every=0", "train.learning_rate=1e5", "train.grad_clip=0"],

@@ -9,7 +9,7 @@ import torch
 
 from flowgrpo.cli import main
 from flowgrpo.evaluate import best_of_k
-from flowgrpo.paths import builtin_models
+from flowgrpo.run.paths import builtin_models
 
 needs_shipped = pytest.mark.skipif("tiny-sd3" not in builtin_models(), reason="shipped tiny model not built")
 
@@ -65,11 +65,11 @@ def test_console_script_help_lists_the_subcommands():
 
 def test_eval_of_a_video_model_scores_clips_and_saves_gifs(capsys, tmp_path):
     from flowgrpo.tiny import TinyWanSizes, build_t5_tokenizer, build_tiny_wan_pipeline
-    from rewards.toy import video_world
+    from worlds.toy import clips
 
     sizes = TinyWanSizes(vae_base_dim=8, latent_channels=8, text_width=32, num_layers=1, num_heads=2, head_dim=12,
                          ffn_dim=32, freq_dim=32)
-    corpus = [p.text for p in video_world.train_prompts() + video_world.eval_prompts()]
+    corpus = [p.text for p in clips.train_prompts() + clips.eval_prompts()]
     build_tiny_wan_pipeline(build_t5_tokenizer(corpus, 16), sizes).save_pretrained(tmp_path / "wan")
     assert main(["eval", "--model", "tiny_wan", "--pretrained", str(tmp_path / "wan"), "--prompts", "toy-video-eval",
                  "--reward", "toy_video", "--limit", "3", "--steps", "2", "--save-images", str(tmp_path / "clips")]) == 0
@@ -82,7 +82,7 @@ def test_eval_of_a_training_checkpoint_scores_what_training_evaluated(capsys, ti
     """`flowgrpo eval --checkpoint runs/<name>/checkpoints/step_<n>` takes the run's model config and
     its evaluation weights (EMA here), and scores exactly what the trainer's own evaluation scored."""
     from flowgrpo.config import load_config
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.engine.trainer import Trainer
     from train_fixtures import PLUGIN_REWARD, overrides
 
     cfg = load_config("flow_grpo", None, overrides(tiny_sd3_dir, tmp_path, **{
@@ -96,9 +96,9 @@ def test_eval_of_a_training_checkpoint_scores_what_training_evaluated(capsys, ti
 
     saved = load_model(cfg.model)
     saved.load_trainable(checkpoint / "model")
-    for ema, param, loaded in zip(trainer.ema, trainer.params, saved.trainable_parameters()):
+    for ema, param, loaded in zip(trainer.ema.values, trainer.policy.params, saved.trainable_parameters()):
         assert torch.equal(loaded, ema)  # the evaluation (EMA) weights, not the raw ones
-    assert any(not torch.equal(e, p) for e, p in zip(trainer.ema, trainer.params))
+    assert any(not torch.equal(e, p) for e, p in zip(trainer.ema.values, trainer.policy.params))
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(checkpoint), "--limit", "4", "--steps", "2",
                  "--seed", str(cfg.train.seed + 12345)]) == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flowgrpo.config import ConfigError, load_config, to_yaml
-from flowgrpo.trainer import Trainer
+from flowgrpo.engine.trainer import Trainer
 from rewards.base import Reward, RewardOutput
 from train_fixtures import PLUGIN_REWARD, overrides
 
@@ -26,7 +26,7 @@ def _config(tiny_sd3_dir, out, base=PLUGIN_REWARD, **extra):
 
 # ---------------------------------------------------------------- item 2: a run folder holds one experiment
 def test_config_differences_tell_experiment_keys_from_the_rest():
-    from flowgrpo.run_dir import config_differences, experiment_keys
+    from flowgrpo.run.run_dir import config_differences, experiment_keys
 
     old = load_config(None, None, [])
     new = load_config(None, None, ["train.iterations=500", "eval.every=3", "log.save_every=7", "output_dir=elsewhere",
@@ -91,7 +91,7 @@ class AlwaysRaises(Reward):
 
 
 def test_a_reward_that_always_fails_stops_the_run(tiny_sd3_dir, tmp_path, capsys):
-    from flowgrpo.trainer import NoValidRewardError
+    from flowgrpo.engine.scoring import NoValidRewardError
 
     cfg = _config(tiny_sd3_dir, tmp_path, base={"rewards": [{"name": "test_fail_safe:AlwaysRaises"}]},
                   **{"train.iterations": 6, "train.max_iterations_without_reward": 3, "log.save_every": 1,
@@ -112,7 +112,7 @@ def test_a_reward_that_always_fails_stops_the_run(tiny_sd3_dir, tmp_path, capsys
 
 
 def test_a_dead_reward_ends_the_training_command_with_one_line(tiny_sd3_dir, tmp_path, capsys):
-    from flowgrpo.launch import main
+    from flowgrpo.cli.train import main
 
     args = overrides(tiny_sd3_dir, tmp_path, **FAST, **{"train.iterations": 5, "train.max_iterations_without_reward": 2})
     status = main([*args, "rewards=[{name: 'test_fail_safe:AlwaysRaises'}]"], prog="train_t2i.py",

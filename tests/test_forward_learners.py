@@ -1,6 +1,6 @@
-"""The forward-process learners' losses (MATH.md §5; flowgrpo/learners/nft.py, awm.py, dgpo.py) by hand,
+"""The forward-process learners' losses (MATH.md §5; flowgrpo/engine/learners/nft.py, awm.py, dgpo.py) by hand,
 their gradients against float64 autograd of the formulas written out here, and the shared draws and
-soft copies (flowgrpo/learners/forward.py).
+soft copies (flowgrpo/engine/learners/forward.py).
 Run: pytest tests/test_forward_learners.py -q
 """
 
@@ -9,11 +9,10 @@ import math
 import pytest
 import torch
 
-from flowgrpo.config import SoftCopyConfig
-from flowgrpo.learners.awm import awm_log_likelihood, awm_loss
-from flowgrpo.learners.dgpo import dgpo_clip_mask, dgpo_group_objective
-from flowgrpo.learners.forward import SoftCopy
-from flowgrpo.learners.nft import nft_loss, optimality_probability
+from flowgrpo.engine.learners.awm import awm_log_likelihood, awm_loss
+from flowgrpo.engine.learners.dgpo import dgpo_clip_mask, dgpo_group_objective
+from flowgrpo.engine.copies import WeightCopy, soft_keep
+from flowgrpo.engine.learners.nft import nft_loss, optimality_probability
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -197,14 +196,15 @@ def test_dgpo_gradient_matches_float64_autograd_of_the_formula():
 # ------------------------------------------------------------------------------------------------
 def test_soft_copy_schedule_and_update():
     p = [torch.zeros(2)]
-    copy = SoftCopy(p, SoftCopyConfig(rate=0.001, max=0.5, delay=0))
-    assert [copy.decay(n) for n in (0, 1, 100, 499, 500, 10_000)] == [0.0, 0.001, 0.1, 0.499, 0.5, 0.5]
-    delayed = SoftCopy(p, SoftCopyConfig(rate=0.0075, max=0.999, delay=75))  # NFT's OCR schedule
-    assert [delayed.decay(n) for n in (0, 75, 76, 275)] == [0.0, 0.0, 0.0075, 0.999]
+    keep = soft_keep(rate=0.001, ceiling=0.5, delay=0)
+    copy = WeightCopy("old", p, keep)
+    assert [keep(n) for n in (0, 1, 100, 499, 500, 10_000)] == [0.0, 0.001, 0.1, 0.499, 0.5, 0.5]
+    delayed = soft_keep(rate=0.0075, ceiling=0.999, delay=75)  # NFT's OCR schedule
+    assert [delayed(n) for n in (0, 75, 76, 275)] == [0.0, 0.0, 0.0075, 0.999]
     p[0] += torch.tensor([1.0, 2.0])
-    copy.update(p, 100)  # θ_c ← 0.1·θ_c + 0.9·θ
+    copy.follow(p, 100)  # θ_c ← 0.1·θ_c + 0.9·θ
     close(copy.values[0], [0.9, 1.8])
-    copy.update(p, 0)  # λ = 0: the copy is θ exactly
+    copy.follow(p, 0)  # λ = 0: the copy is θ exactly
     assert torch.equal(copy.values[0], p[0])
 
 
@@ -213,45 +213,47 @@ def test_soft_copy_schedule_and_update():
 # ------------------------------------------------------------------------------------------------
 def analytic_trainer(tmp_path, preset, *extra):
     from flowgrpo.config import load_config
-    from flowgrpo.paths import configs_dir
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.run.paths import configs_dir
+    from flowgrpo.engine.trainer import Trainer
 
     return Trainer(load_config(preset, None, [f"output_dir={tmp_path}", "log.progress=false", *extra],
                                base=str(configs_dir() / "analytic.yaml")))
 
 
 def test_draws_are_pure_functions_of_their_keys_and_stay_in_the_time_range(tmp_path):
-    from flowgrpo.learners.forward import Sample
+    from flowgrpo.engine.learners.forward import DrawSpace, Sample
 
     trainer = analytic_trainer(tmp_path, "dgpo")
     learner, grid = trainer.learner, trainer.schedule.plan(0).sigmas[:-1].float()
+    space = DrawSpace(iteration=0, grid=grid, shift=trainer.schedule.plan(0).shift, latent=(2,))
     a = Sample(batch=0, leaf=0, advantage=1.0, group=5, key=(2, 1))
-    t, eps = learner.draws(a, 0, (2,), grid)
-    t2, eps2 = learner.draws(Sample(batch=3, leaf=9, advantage=-1.0, group=5, key=(2, 1)), 0, (2,), grid)
+    t, eps = learner.draws(a, 0, space)
+    t2, eps2 = learner.draws(Sample(batch=3, leaf=9, advantage=-1.0, group=5, key=(2, 1)), 0, space)
     assert torch.equal(t, t2) and torch.equal(eps, eps2)  # the same key (a group's members): the same draws
-    t3, _ = learner.draws(a, 1, (2,), grid)
+    t3, _ = learner.draws(a, 1, space)
     assert not torch.equal(t, t3)  # a new inner epoch draws anew
     assert t.numel() == 4 and len(set(t.tolist())) == 4 and all(float(x) in grid.tolist() for x in t)
     assert float(t.min()) >= 0.78  # the preset's time_min: DGPO trains the high-noise end only
     for sampler in ("uniform", "logit_normal"):
         other = analytic_trainer(tmp_path / sampler, "awm", f"learner.time_sampler={sampler}", "learner.time_min=0.2",
                                  "learner.time_max=0.7", "learner.train_times=64")
-        t, _ = other.learner.draws(a, 0, (2,), grid)
+        t, _ = other.learner.draws(a, 0, space)
         assert 0.2 <= float(t.min()) and float(t.max()) <= 0.7 and t.unique().numel() > 30
     few = analytic_trainer(tmp_path / "few", "diffusion_nft", "learner.time_min=0.9", "learner.train_times=4")
     with pytest.raises(ValueError, match="lower train_times or widen the range"):
-        few.learner.draws(a, 0, (2,), grid)
+        few.learner.draws(a, 0, space)
 
 
 def test_the_truncated_logit_normal_is_the_logit_normal_restricted_to_the_range(tmp_path):
     """Inverse-CDF draws on [0.3, 0.9] have the distribution of shift(sigmoid(N(m, s))) conditioned on
     that range (compared with rejection sampling: largest CDF gap below 0.04 for 4,000 draws each)."""
-    from flowgrpo.learners.forward import Sample
+    from flowgrpo.engine.learners.forward import DrawSpace, Sample
     import samplers
 
     trainer = analytic_trainer(tmp_path, "awm", "learner.time_sampler=logit_normal", "learner.time_min=0.3",
                                "learner.time_max=0.9", "learner.train_times=4000", "learner.logit_mean=0.5")
-    t, _ = trainer.learner.draws(Sample(0, 0, 0.0, 0, (0, 0)), 0, (2,), torch.zeros(0))
+    space = DrawSpace(iteration=0, grid=torch.zeros(0), shift=trainer.schedule.plan(0).shift, latent=(2,))
+    t, _ = trainer.learner.draws(Sample(0, 0, 0.0, 0, (0, 0)), 0, space)
     direct = samplers.shift_sigmas(torch.sigmoid(0.5 + torch.randn(40_000, generator=torch.Generator().manual_seed(0),
                                                                     dtype=torch.float64)), 3.0)
     direct = direct[(direct >= 0.3) & (direct <= 0.9)][:4000].float()
@@ -266,7 +268,7 @@ def test_the_truncated_logit_normal_is_the_logit_normal_restricted_to_the_range(
 def test_every_preset_composes_with_every_model_config():
     from flowgrpo.config import load_config
     from flowgrpo.models.config import _VIDEO_FAMILIES
-    from flowgrpo.paths import configs_dir
+    from flowgrpo.run.paths import configs_dir
 
     presets = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
     models = sorted(p.stem for p in (configs_dir() / "models").glob("*.yaml"))
@@ -289,8 +291,8 @@ def test_forward_learners_train_on_window_and_tree_plans(learner, method, plan, 
     trainer = analytic_trainer(tmp_path, learner, f"sampling.method={method}", f"sampling.plan={plan}", "train.iterations=3",
                                "learner.train_times=2", "learner.time_min=0.0", "eval.every=0", "log.samples_every=0",
                                "log.gallery=false", *(["sampling.window.interval=1"] if method == "mixgrpo" else []))
-    before = [p.detach().clone() for p in trainer.params]
+    before = [p.detach().clone() for p in trainer.policy.params]
     last = trainer.train()
     assert last["trained_samples"] == 8 * 4 and torch.isfinite(torch.tensor(last["loss"]))
     assert not trainer.learner.needs_transitions and last["nfe/train_backward"] == 3 * 8 * 4 * 2
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.params))

@@ -90,7 +90,7 @@ def test_build_copies_media_across_file_systems(tmp_path):
 
 
 def test_build_reads_the_run_writer_format(tmp_path):
-    """Lines as flowgrpo.run_dir.RunWriter wrote them before it recorded group_size, group_rewards and
+    """Lines as flowgrpo.run.run_dir.RunWriter wrote them before it recorded group_size, group_rewards and
     noise_seed (NaN reward and advantage as null): still read, the group's size unknown, the run seed labelled."""
     run = tmp_path / "runs" / "tiny"
     folder = run / "samples" / "step_10"
@@ -138,7 +138,7 @@ def test_the_run_writer_records_group_size_group_statistics_and_noise_seeds(tmp_
     (what the advantages used), and each sample's noise seed regenerates the x_T it was sampled from."""
     import torch
 
-    from flowgrpo.run_dir import RunWriter
+    from flowgrpo.run.run_dir import RunWriter
 
     batch = _rollout_batch(shared)
     rec = batch.record
@@ -172,7 +172,7 @@ def test_eval_samples_record_each_sample_noise_seed(tmp_path):
     import torch
 
     from flowgrpo.evaluate import initial_noise
-    from flowgrpo.run_dir import RunWriter
+    from flowgrpo.run.run_dir import RunWriter
 
     media = torch.rand(3, 3, 8, 8)
     RunWriter(tmp_path / "run").write_eval_samples(0, media, ["a", "b", "c"], None, torch.tensor([0.1, 0.2, 0.3]),

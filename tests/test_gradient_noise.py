@@ -46,7 +46,7 @@ def _gaussian_policy_b_noise(dim: int, group: int = 8, groups: int = 8, batches:
     """B_noise of the GRPO gradient for the friendliest case: one Gaussian step x ~ N(θ, σ²I) in
     ``dim`` dimensions whose mean θ is the whole policy, a linear reward w·x, group z-scored
     advantages and the true (summed) log-density of samplers.kernels.log_prob."""
-    from flowgrpo.advantages import group_zscore
+    from flowgrpo.engine.credit import group_zscore
     from samplers.kernels import log_prob
 
     gen = torch.Generator().manual_seed(seed)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flowgrpo import cli
-from flowgrpo.paths import configs_dir
+from flowgrpo.run.paths import configs_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +41,7 @@ def test_training_help_lists_presets_models_and_the_config_reference(script, cap
 
 def test_training_help_reads_the_preset_folder_at_run_time(tmp_path, monkeypatch, capsys):
     """A preset file dropped into configs/presets/ shows up without touching the code."""
-    from flowgrpo import launch
+    from flowgrpo.cli import train as launch
 
     for folder in ("presets", "models"):
         (tmp_path / folder).mkdir()

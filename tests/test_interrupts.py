@@ -1,6 +1,6 @@
 """SIGINT / SIGTERM stop a run within one model call, with an atomic checkpoint of the last finished
 iteration that resumes bit-identically, one line saying how to resume, exit status 130 / 143, and no
-process left behind under `accelerate launch` (flowgrpo/interrupts.py)."""
+process left behind under `accelerate launch` (flowgrpo/run/interrupts.py)."""
 
 import importlib.util
 import inspect
@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from flowgrpo.config import load_config
-from flowgrpo.paths import configs_dir
+from flowgrpo.run.paths import configs_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 ANALYTIC = str(configs_dir() / "analytic.yaml")
@@ -61,7 +61,7 @@ PHASES = {  # where the signal lands -> (extra config, the checkpoint the run mu
     "evaluation": (lambda t: t.iteration == 2 and _in_evaluation(), [], 2),
     # two optimizer steps an iteration: after the first, the iteration's update finishes before the stop
     "between two optimizer steps": (lambda t: t.iteration == 2 and torch.is_grad_enabled()
-                                    and t.optimizer_steps + t.skipped_steps > t._steps_at_checkpointable,
+                                    and t.policy.optimizer_steps + t.policy.skipped_steps > t._steps_at_checkpointable,
                                     ["train.updates_per_epoch=2"], 3),
 }
 
@@ -69,7 +69,7 @@ PHASES = {  # where the signal lands -> (extra config, the checkpoint the run mu
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """Uninterrupted 4-iteration runs, one per config, to compare the interrupted-and-resumed ones with."""
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.engine.trainer import Trainer
 
     runs = {}
     for extra in ([], ["train.updates_per_epoch=2"]):
@@ -81,8 +81,8 @@ def straight(tmp_path_factory):
 
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_a_signal_stops_at_the_next_model_call_and_the_checkpoint_resumes_bit_identically(phase, straight, tmp_path):
-    from flowgrpo.interrupts import Interrupted
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.run.interrupts import Interrupted
+    from flowgrpo.engine.trainer import Trainer
 
     when, extra, step = PHASES[phase]
     cfg = _config(tmp_path, *extra)
@@ -114,8 +114,8 @@ def test_a_signal_stops_at_the_next_model_call_and_the_checkpoint_resumes_bit_id
 
 
 def test_a_signal_in_the_first_evaluation_saves_nothing(tmp_path):
-    from flowgrpo.interrupts import Interrupted
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.run.interrupts import Interrupted
+    from flowgrpo.engine.trainer import Trainer
 
     cfg = _config(tmp_path)
     trainer = Trainer(cfg)
@@ -136,7 +136,7 @@ def _train_t2i():
 
 def test_the_entry_point_prints_one_line_and_returns_143(tmp_path, monkeypatch, capsys):
     """SIGTERM through train_t2i.py's main: one line naming the checkpoint and the command, status 143."""
-    from flowgrpo.trainer import Trainer
+    from flowgrpo.engine.trainer import Trainer
 
     built = []
     monkeypatch.setattr(Trainer, "__init__", _recording(Trainer.__init__, built))
@@ -161,7 +161,7 @@ def _recording(init, built):
 
 
 def test_the_launcher_prefix_is_read_from_its_command_line():
-    from flowgrpo.interrupts import launcher_prefix
+    from flowgrpo.run.interrupts import launcher_prefix
 
     accelerate = ["/v/bin/python3", "/v/bin/accelerate", "launch", "--config_file", "c.yaml", "train_t2i.py", "a=1"]
     assert launcher_prefix(accelerate, "train_t2i.py") == ["accelerate", "launch", "--config_file", "c.yaml"]

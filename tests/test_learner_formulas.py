@@ -1,4 +1,4 @@
-"""The GRPO learner's formulas (flowgrpo/loss.py, flowgrpo/advantages.py, samplers' node values)
+"""The GRPO learner's formulas (flowgrpo/engine/loss.py, flowgrpo/engine/credit.py, samplers' node values)
 against numbers worked out by hand from MATH.md §2–3, in the style of torchtune's PPO-loss tests.
 
 Every expected value below is either hand arithmetic (shown in the comments) or an independent
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import samplers
-from flowgrpo.advantages import (
+from flowgrpo.engine.credit import (
     best_of_n_mask,
     combine_rewards,
     gdpo,
@@ -21,7 +21,8 @@ from flowgrpo.advantages import (
     tree_advantages,
     win_rates,
 )
-from flowgrpo.loss import gaussian_kl, guard_log_ratio, ppo_clip, step_weights, transition_loss
+from flowgrpo import likelihood
+from flowgrpo.engine.loss import clipped_policy_loss, gaussian_kl, ppo_clip, step_weights
 from tolerance import ulp_tolerance
 
 NAN = float("nan")
@@ -36,6 +37,31 @@ def close(actual, expected, rtol=1e-6, atol=None):
     if atol is None:
         atol = max(1e-7, ulp_tolerance(expected, 8, actual.dtype))
     torch.testing.assert_close(actual.double(), expected, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def _terms_at_means(x_next, mean_theta, std, reduce, mean_old=None):
+    """The production likelihood terms (flowgrpo.likelihood's reference) of kernels whose mean is given:
+    μ = a·x + b·v with a = 0, b = 1 and v = μ_θ is μ_θ exactly, whatever x."""
+    return likelihood.transition_terms(torch.zeros_like(mean_theta), mean_theta, x_next, 0.0, 1.0, std,
+                                       mu_old=mean_old, reduce=reduce, backend="reference")
+
+
+def transition_loss(*, x_next, mean_theta, std, log_prob_old, advantages, clip_range, reduce="mean",
+                    ratio_form="plain", mean_old=None):
+    """The transition learner's per-transition loss at given means, from the production pieces it uses
+    (flowgrpo/engine/learners/transition.py): the likelihood terms, then ``clipped_policy_loss``."""
+    terms = _terms_at_means(x_next, mean_theta, std, reduce, mean_old)
+    log_ratio_plain = terms.log_prob - log_prob_old.to(terms.log_prob)
+    if ratio_form == "guard":
+        if terms.guard is None:
+            raise ValueError("loss.ratio=guard needs μ_old stored in the rollout")
+        return clipped_policy_loss(terms.guard, log_ratio_plain, advantages, clip_range)
+    return clipped_policy_loss(log_ratio_plain, log_ratio_plain, advantages, clip_range)
+
+
+def guard_log_ratio(x_next, mean_theta, mean_old, std, reduce):
+    """GRPO-Guard's log ρ̂ as the likelihood terms compute it."""
+    return _terms_at_means(x_next, mean_theta, std, reduce, mean_old).guard
 
 
 def gaussian_log_prob64(x_next, mean, std, reduce):

@@ -26,9 +26,9 @@ from flowgrpo.config import load_config
 from flowgrpo.data import read_prompts
 from flowgrpo.evaluate import evaluate
 from flowgrpo.models.analytic import mixture_velocity
-from flowgrpo.paths import configs_dir
-from flowgrpo.trainer import Trainer
-from rewards import analytic as world
+from flowgrpo.run.paths import configs_dir
+from flowgrpo.engine.trainer import Trainer
+from worlds import analytic as world
 
 PRESETS = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
 ITERATIONS = 120
@@ -81,12 +81,12 @@ def test_control_the_sign_flipped_run_lowers_the_reward(preset, tmp_path):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_control_learning_rate_zero_stays_in_the_noise_band(preset, tmp_path):
     trainer = analytic_run(tmp_path, preset, "train.learning_rate=0.0")
-    before = [p.detach().clone() for p in trainer.params]
+    before = [p.detach().clone() for p in trainer.policy.params]
     base = fresh_hit_rate(trainer.model, BASE_SEED)
     trainer.train()
     final = fresh_hit_rate(trainer.model, FRESH_SEED)
     assert abs(final - base) < BAND, f"{preset} at learning rate 0: fresh hit rate {base:.3f} -> {final:.3f}"
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.params)), f"{preset} moved its weights at learning rate 0"
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.params)), f"{preset} moved its weights at learning rate 0"
 
 
 def test_an_update_without_gradient_leaves_the_weights_and_the_optimizer_alone(tmp_path):
@@ -96,11 +96,11 @@ def test_an_update_without_gradient_leaves_the_weights_and_the_optimizer_alone(t
     prompts = tmp_path / "all.txt"
     prompts.write_text("modes 0, 1, 2 and 3\n")
     trainer = analytic_run(tmp_path / "run", None, f"prompts={prompts}", "train.iterations=3")
-    before = [p.detach().clone() for p in trainer.params]
+    before = [p.detach().clone() for p in trainer.policy.params]
     last = trainer.train()
     assert last["skipped_steps"] == 1 and last["grad_norm"] == 0.0
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.params))
-    assert not trainer.optimizer.state  # Adam never stepped: no moments, no step count
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.params))
+    assert not trainer.policy.optimizer.state  # Adam never stepped: no moments, no step count
 
 
 # ------------------------------------------------------------------------------------------------

@@ -233,7 +233,7 @@ def test_bfloat16_weights_give_float32_velocity(wan_folder):
 def test_generate_and_score_a_video_batch(wan_folder):
     """The evaluation path: ODE-sample videos, decode to [N, F, 3, H, W], score with toy_video."""
     from flowgrpo.evaluate import evaluate
-    from rewards.toy.video_world import parse_prompt
+    from worlds.toy.clips import parse_prompt
 
     model = load_model({"family": "wan", "pretrained": wan_folder, "resolution": 32, "num_frames": 5,
                         "device": "cpu", "max_sequence_length": 16, "guidance_scale": 5.0,

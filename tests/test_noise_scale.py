@@ -1,11 +1,11 @@
-"""The in-training gradient noise scale (flowgrpo/noise_scale.py): its fit on exact expectations, the probe on
+"""The in-training gradient noise scale (flowgrpo/engine/noise_scale.py): its fit on exact expectations, the probe on
 synthetic gradients with a known answer, and a check on the analytic world against a run known to learn and
 one whose reward is pure noise."""
 
 import pytest
 import torch
 
-from flowgrpo.noise_scale import GradientProbe, NoiseScale, fit_noise, noise_message
+from flowgrpo.engine.noise_scale import GradientProbe, NoiseScale, fit_noise, noise_message
 from rewards.base import Reward, RewardOutput
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -79,9 +79,9 @@ def test_the_diagnostic_sees_the_signal_of_a_run_that_learns_and_none_in_noise(r
     analytic_hit (which this run learns) a signal is detected and B_noise is a few batches (measured
     21 prompts); with a reward that ignores the sample, none is detected."""
     from flowgrpo.config import load_config
-    from flowgrpo.paths import configs_dir
-    from flowgrpo.trainer import Trainer
-    from rewards import analytic
+    from flowgrpo.run.paths import configs_dir
+    from flowgrpo.engine.trainer import Trainer
+    from worlds import analytic
 
     torch.manual_seed(0)
     prompts = tmp_path / "prompts.txt"
@@ -91,9 +91,9 @@ def test_the_diagnostic_sees_the_signal_of_a_run_that_learns_and_none_in_noise(r
                                           "log.samples_every=0", f"rewards=[{{name: '{reward}'}}]", f"prompts={prompts}",
                                           "sampling.plan.group_size=8"], base=str(configs_dir() / "analytic.yaml"))
     trainer = Trainer(cfg)
-    trainer.probe.scale.window = 60
+    trainer.policy.probe.scale.window = 60
     trainer.train()
-    noise = trainer.probe.scale.value
+    noise = trainer.policy.probe.scale.value
     if expect_signal:
         assert noise is not None and noise < 10 * 8, noise
     else:
@@ -110,7 +110,7 @@ def test_a_reading_is_printed_again_only_when_it_is_news():
     readings of a run that wander between "≈ N" and "no signal, > M" lines of one size print once."""
     import math
 
-    from flowgrpo.noise_scale import noise_reading, worth_repeating
+    from flowgrpo.engine.noise_scale import noise_reading, worth_repeating
 
     assert noise_reading(40.0, 12.0) == 40.0 and noise_reading(None, 12.0) == 12.0 and noise_reading(None, None) == math.inf
     assert worth_repeating(None, 129.0)

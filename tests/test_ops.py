@@ -1,4 +1,4 @@
-"""The fused transition op (csrc/, flowgrpo/ops.py) against the samplers' reference and float64.
+"""The fused transition op (csrc/, flowgrpo/likelihood/) against the samplers' reference and float64.
 
 The first fused test builds the op (≈15 s, once; cached under ~/.cache/flowgrpo/ops). Tests that
 need a CUDA device skip without one; the nvcc tests skip without nvcc.
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flowgrpo import ops
+from flowgrpo import likelihood as ops
 from samplers.kernels import DEFAULT_ETA, KERNEL_NAMES, get_kernel, kernel_coefficients
 from tolerance import assert_close_ulps, ulp_tolerance
 
@@ -440,7 +440,7 @@ def test_missing_build_warns_and_falls_back_or_raises(tmp_path):
     numbers; "fused" raises with instructions."""
     script = """
 import warnings, torch
-from flowgrpo import ops
+from flowgrpo import likelihood as ops
 x = torch.randn(2, 3, 4); a, b, s = ops.transition_coefficients("flow_sde", 0.5, 0.4, 0.7, n=2)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -464,13 +464,13 @@ except RuntimeError as exc:
 def test_only_flowgrpo_ops_touches_the_op():
     offenders = []
     for path in ROOT.rglob("*.py"):
-        if any(part in (".venv", "build", ".git") for part in path.parts) or path == ROOT / "flowgrpo" / "ops.py":
+        if any(part in (".venv", "build", ".git") for part in path.parts) or path.parent == ROOT / "flowgrpo" / "likelihood":
             continue
         if path.parent.name == "tests":
             continue
         if re.search(r"torch\.ops\.flowgrpo|csrc/likelihood", path.read_text(errors="ignore")):
             offenders.append(str(path.relative_to(ROOT)))
-    assert not offenders, f"only flowgrpo/ops.py may load or call the op: {offenders}"
+    assert not offenders, f"only flowgrpo/likelihood/ may load or call the op: {offenders}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import torch
 from diffusers import StableDiffusion3Pipeline, WanPipeline
 from safetensors.torch import load_file
 
-from flowgrpo.pretrain import PretrainConfig, pretrain_toy
-from flowgrpo.pretrain_video import PretrainVideoConfig, pretrain_toy_video
+from flowgrpo.tiny.pretrain import PretrainConfig, pretrain_toy
+from flowgrpo.tiny.pretrain_video import PretrainVideoConfig, pretrain_toy_video
 from flowgrpo.tiny import TinySD3Sizes, TinyWanSizes
 
 MINI = TinySD3Sizes(vae_channels=(16, 16, 16), text_width=32, text_layers=2, num_layers=1, num_heads=2, head_dim=16)
@@ -79,7 +79,7 @@ def test_pretrain_video_ships_a_wan_pipeline_and_resumes(tmp_path):
 
 def test_model_sizes_are_command_line_options():
     """`flowgrpo pretrain-toy --num-layers 8` builds a deeper model; sizes not given keep their defaults."""
-    from flowgrpo.cli import _pretrain_config, build_parser
+    from flowgrpo.cli.tools import _pretrain_config, build_parser
 
     args = build_parser().parse_args(["pretrain-toy", "--num-layers", "8", "--head-dim", "16", "--flow-steps", "10"])
     cfg = _pretrain_config(PretrainConfig, args)
@@ -91,8 +91,8 @@ def test_model_sizes_are_command_line_options():
 
 def test_a_work_dir_of_other_sizes_is_refused_naming_the_fix(tmp_path):
     """Resuming with another --num-layers would fail deep in a checkpoint load: it is refused up front."""
-    from flowgrpo.errors import UserError
-    from flowgrpo.pretrain import open_work_dir
+    from flowgrpo.run.errors import UserError
+    from flowgrpo.tiny.pretrain import open_work_dir
 
     open_work_dir(PretrainConfig(work_dir=str(tmp_path / "w")))
     open_work_dir(PretrainConfig(work_dir=str(tmp_path / "w"), flow_steps=10))  # other steps: a resume, allowed

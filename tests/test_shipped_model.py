@@ -7,9 +7,9 @@ from diffusers import StableDiffusion3Pipeline
 from flowgrpo.config import load_config
 from flowgrpo.evaluate import evaluate_toy
 from flowgrpo.models import load_model
-from flowgrpo.paths import ASSETS_DIR
+from flowgrpo.run.paths import ASSETS_DIR
 from flowgrpo.tiny import TinySD3Sizes, build_tiny_sd3_pipeline
-from rewards.toy import world
+from worlds.toy import scenes
 
 SHIPPED = ASSETS_DIR / "tiny-sd3"
 FLOOR = 0.30  # the band's lower edge (README: the measured per-task scores)
@@ -24,14 +24,14 @@ def test_shipped_weights_load_small_and_plain():
 
 def test_shipped_model_scores_in_band_and_a_random_model_does_not(tmp_path):
     cfg = load_config(None, None, ["model.device=cpu", "model.finetune=full", "model.reference=none"]).model
-    shipped = evaluate_toy(load_model(cfg), world.eval_prompts(), seed=0, progress=False)
+    shipped = evaluate_toy(load_model(cfg), scenes.eval_prompts(), seed=0, progress=False)
     assert FLOOR <= shipped["mean_score"] <= 0.70, shipped
     pipe = StableDiffusion3Pipeline.from_pretrained(SHIPPED)
     random_pipe = build_tiny_sd3_pipeline(pipe.tokenizer, TinySD3Sizes(), seed=1)
     random_pipe.vae.register_to_config(**{k: pipe.vae.config[k] for k in ("shift_factor", "scaling_factor")})
     random_pipe.save_pretrained(tmp_path)
     cfg.pretrained = str(tmp_path)
-    random = evaluate_toy(load_model(cfg), world.eval_prompts(), seed=0, progress=False)
+    random = evaluate_toy(load_model(cfg), scenes.eval_prompts(), seed=0, progress=False)
     assert random["mean_score"] < FLOOR, random
     assert torch.isfinite(torch.tensor(shipped["mean_score"]))
 
@@ -45,9 +45,9 @@ def test_shipped_vae_keeps_scenes_readable():
     from rewards import load_reward
 
     vae = AutoencoderKL.from_pretrained(SHIPPED, subfolder="vae").eval()
-    prompts = world.eval_prompts()
+    prompts = scenes.eval_prompts()
     size = TinySD3Sizes().image_size
-    images = torch.stack([torch.from_numpy(world.render_prompt(p, seed=i, size=size).copy()).permute(2, 0, 1).float() / 255
+    images = torch.stack([torch.from_numpy(scenes.render_prompt(p, seed=i, size=size).copy()).permute(2, 0, 1).float() / 255
                           for i, p in enumerate(prompts)])
     texts, meta = [p.text for p in prompts], [p.to_dict() for p in prompts]
     with torch.no_grad():
@@ -75,7 +75,7 @@ def test_shipped_wan_loads_small_and_plain():
 def test_shipped_wan_scores_in_band_and_a_random_model_does_not(tmp_path):
     from diffusers import WanPipeline
 
-    from flowgrpo.pretrain_video import PretrainVideoConfig, evaluate_snapshot
+    from flowgrpo.tiny.pretrain_video import PretrainVideoConfig, evaluate_snapshot
     from flowgrpo.tiny import TinyWanSizes, build_tiny_wan_pipeline
 
     cfg = PretrainVideoConfig()

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from flowgrpo import cli
-from flowgrpo.paths import builtin_models, configs_dir
-from flowgrpo.threads import auto_threads, available_cpus, busy_cores, choose_threads
+from flowgrpo.run.paths import builtin_models, configs_dir
+from flowgrpo.run.threads import auto_threads, available_cpus, busy_cores, choose_threads
 from rewards.analytic import AnalyticHit
 from rewards.toy.scorer import ToyScorer
 
@@ -64,7 +64,7 @@ def test_choice_order_and_the_measurement(monkeypatch):
     auto = choose_threads(0)
     assert 1 <= auto.threads <= available_cpus() and auto.reason.startswith(f"auto: {available_cpus()} CPUs, ")
     assert 0.0 <= busy_cores(0.05) <= available_cpus() + 0.05
-    from flowgrpo.errors import UserError
+    from flowgrpo.run.errors import UserError
 
     with pytest.raises(UserError, match="threads=-1 must be ≥ 0"):
         choose_threads(-1)

@@ -4,7 +4,7 @@ import torch
 from diffusers import StableDiffusion3Pipeline, WanPipeline
 from transformers import AutoTokenizer, CLIPTokenizer
 
-from flowgrpo.paths import resolve_pretrained
+from flowgrpo.run.paths import resolve_pretrained
 from flowgrpo.tiny import (
     TinySD3Sizes,
     TinyWanSizes,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rewards import load_reward
-from rewards.toy import world
+from worlds.toy import scenes
 from rewards.toy.dense import shape_match, soft_clause_credits
 
 
@@ -15,8 +15,8 @@ def detection(shape_moment: float, top: float = 0.0, color: str = "red", cx: flo
 
 
 def test_clean_renders_score_like_the_scorer():
-    prompts = world.eval_prompts()
-    images = torch.stack([torch.from_numpy(world.render_prompt(p, seed=i).copy()).permute(2, 0, 1).float() / 255
+    prompts = scenes.eval_prompts()
+    images = torch.stack([torch.from_numpy(scenes.render_prompt(p, seed=i).copy()).permute(2, 0, 1).float() / 255
                           for i, p in enumerate(prompts)])
     texts, meta = [p.text for p in prompts], [p.to_dict() for p in prompts]
     toy = load_reward("toy")(images, texts, meta).scores
@@ -29,7 +29,7 @@ def test_clean_renders_score_like_the_scorer():
 def test_shape_credit_grows_smoothly_where_the_verdict_jumps():
     """A rounded square (cross moment between the circle's 2/3 and the square's 1): the scorer's verdict
     flips from circle to square at 0.833; the soft credit rises through 0.5 there."""
-    prompt = world.parse_prompt("a photo of a square")
+    prompt = scenes.parse_prompt("a photo of a square")
     moments = [0.67, 0.72, 0.77, 0.82, 0.84, 0.9, 0.99]
     credits = [soft_clause_credits(prompt, [detection(m)], 2.0, 0.1, 2.0)[0] for m in moments]
     assert all(b > a for a, b in zip(credits, credits[1:])), credits
@@ -38,7 +38,7 @@ def test_shape_credit_grows_smoothly_where_the_verdict_jumps():
 
 
 def test_position_credit_is_smooth_in_the_offset():
-    prompt = world.parse_prompt("a photo of a red circle left of a blue square")
+    prompt = scenes.parse_prompt("a photo of a red circle left of a blue square")
     a = detection(2 / 3, color="red", cx=30.0)
     credits = []
     for bx in (24.0, 30.0, 32.0, 34.0, 40.0):
@@ -52,20 +52,20 @@ def test_position_credit_is_smooth_in_the_offset():
 def test_extra_objects_cost_the_scene_clause():
     """Colour and position clauses take the best match among all components, so clutter can only raise
     them; the scene clause (the last) charges each component beyond the prompt's objects."""
-    prompt = world.parse_prompt("a photo of a red circle left of a blue square")
+    prompt = scenes.parse_prompt("a photo of a red circle left of a blue square")
     scene = [detection(2 / 3, color="red", cx=20.0), detection(1.0, color="blue", cx=40.0)]
     fragments = [detection(0.8, color="green", cx=10.0 + 8 * i, cy=10.0) for i in range(3)]
     clean = soft_clause_credits(prompt, scene, 2.0, 0.1, 2.0)
     cluttered = soft_clause_credits(prompt, scene + fragments, 2.0, 0.1, 2.0)
     assert clean[-1] == 1.0 and cluttered[-1] == 0.0 and clean[:-1] == cluttered[:-1]
     assert soft_clause_credits(prompt, scene + fragments[:1], 2.0, 0.1, 2.0)[-1] == 0.5
-    assert soft_clause_credits(world.parse_prompt("a photo of four circles"), [], 2.0, 0.1, 2.0)[-1] == 0.0
+    assert soft_clause_credits(scenes.parse_prompt("a photo of four circles"), [], 2.0, 0.1, 2.0)[-1] == 0.0
 
 
 def test_scene_factor_scales_the_prompt_clauses():
     """scene="factor": the mean of the prompt's clauses times the scene clause, so a component beyond
     the prompt's objects costs every clause's credit, not one clause's share."""
-    prompt = world.parse_prompt("a photo of a red circle left of a blue square")
+    prompt = scenes.parse_prompt("a photo of a red circle left of a blue square")
     scene = [detection(2 / 3, color="red", cx=20.0), detection(1.0, color="blue", cx=40.0)]
     extra = [detection(0.8, color="green", cx=10.0, cy=10.0)]
     credits = soft_clause_credits(prompt, scene + extra, 2.0, 0.1, 2.0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from rewards.toy import world
+from worlds.toy import scenes
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -18,14 +18,14 @@ import toy_failures  # noqa: E402
 
 
 def _clean(prompts: list) -> torch.Tensor:
-    return torch.stack([torch.from_numpy(world.render_prompt(p, seed=i).copy()).permute(2, 0, 1)
+    return torch.stack([torch.from_numpy(scenes.render_prompt(p, seed=i).copy()).permute(2, 0, 1)
                         for i, p in enumerate(prompts)])
 
 
 def test_clean_renders_are_exact_scenes_with_full_credit():
-    prompts = world.eval_prompts()
+    prompts = scenes.eval_prompts()
     table = toy_failures.failure_table(_clean(prompts), [p.text for p in prompts])
-    assert set(table) == set(world.TASKS)
+    assert set(table) == set(scenes.TASKS)
     for task, row in table.items():
         assert row["images"] == 32, task
         assert row["exact"] == 1.0 and row["extra"] == 0.0, (task, row)
@@ -36,16 +36,16 @@ def test_clean_renders_are_exact_scenes_with_full_credit():
 
 def test_an_extra_object_is_counted_and_costs_the_object_clause():
     """"a photo of a triangle" drawn as two triangles: one extra component, object credit 1 - |2 - 1| / 1 = 0."""
-    prompt = world.parse_prompt("a photo of a triangle")
-    scene = world.Scene((world.ToyObject("triangle", "red", 18, 32, 9), world.ToyObject("triangle", "blue", 46, 32, 9)))
-    image = torch.from_numpy(world.render(scene).copy()).permute(2, 0, 1)[None]
+    prompt = scenes.parse_prompt("a photo of a triangle")
+    scene = scenes.Scene((scenes.ToyObject("triangle", "red", 18, 32, 9), scenes.ToyObject("triangle", "blue", 46, 32, 9)))
+    image = torch.from_numpy(scenes.render(scene).copy()).permute(2, 0, 1)[None]
     row = toy_failures.failure_table(image, [prompt.text])["single_object"]
     assert row["more"] == 1.0 and row["extra"] == 1.0
     assert row["credit"]["object"] == 0.0 and row["score"] == 0.0
 
 
 def test_command_line_reads_an_eval_folder(tmp_path):
-    prompts = world.eval_prompts()[::16]
+    prompts = scenes.eval_prompts()[::16]
     rows = []
     for i, (p, image) in enumerate(zip(prompts, _clean(prompts))):
         Image.fromarray(image.permute(1, 2, 0).numpy().astype(np.uint8)).save(tmp_path / f"{i:05d}.png")

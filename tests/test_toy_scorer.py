@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from rewards.base import Reward, RewardOutput
 from rewards.toy.scorer import ToyScorer, detect_objects, relation_holds, summarize
-from rewards.toy.world import (
+from worlds.toy.scenes import (
     BACKGROUND,
     COLORS,
     TASKS,

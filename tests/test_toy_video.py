@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from rewards import load_reward
 from rewards.base import Reward
-from rewards.toy import video_world as vw
+from worlds.toy import clips as vw
 from rewards.toy.video_scorer import ToyVideoScorer, summarize
-from rewards.toy.world import BACKGROUND, COLORS
+from worlds.toy.scenes import BACKGROUND, COLORS
 
 torch.set_num_threads(1)
 SCORER = ToyVideoScorer()

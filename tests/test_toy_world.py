@@ -10,8 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rewards.toy import world
-from rewards.toy.world import (
+from worlds.toy import scenes
+from worlds.toy.scenes import (
     BACKGROUND,
     COLORS,
     IMAGE_SIZE,
@@ -82,12 +82,12 @@ def test_train_and_eval_are_disjoint_and_held_out_combinations_stay_out_of_train
     assert len({p.text for p in train}) == len(train)
     assert not {p.text for p in train} & {p.text for p in evals}
     assert not any(p.novel for p in train)
-    held = set(world.HELD_OUT_COLOR_SHAPES)
+    held = set(scenes.HELD_OUT_COLOR_SHAPES)
     for p in train:
         assert not _color_shape_pairs(p) & held, p.text
         if p.task == "position":
             objs = _objects(p)
-            assert (objs[0]["shape"], p.clauses[-1]["relation"], objs[1]["shape"]) not in world.HELD_OUT_POSITIONS
+            assert (objs[0]["shape"], p.clauses[-1]["relation"], objs[1]["shape"]) not in scenes.HELD_OUT_POSITIONS
     novel_tasks = Counter(p.task for p in evals if p.novel)
     assert set(novel_tasks) == set(TASKS)  # every task measures generalisation
     # every eval colour-shape pair of a novel colour prompt is one training never shows
@@ -149,7 +149,7 @@ def test_make_prompt_is_deterministic_and_draws_from_train():
         drawn = [make_prompt(task, random.Random(i)) for i in range(40)]
         assert drawn == [make_prompt(task, random.Random(i)) for i in range(40)]
         assert all(p.task == task and p.text in train_texts for p in drawn)
-    plain = sum(not world._is_colored(make_prompt("position", random.Random(i))) for i in range(200))
+    plain = sum(not scenes._is_colored(make_prompt("position", random.Random(i))) for i in range(200))
     assert 60 <= plain <= 140  # uncoloured position form about half the time
     assert make_prompt("colors", random.Random(0), split="eval").text in {p.text for p in eval_prompts()}
     with pytest.raises(ValueError, match="not one of"):

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowgrpo import ops
+from flowgrpo import likelihood as ops
 from flowgrpo.config import ConfigError, load_config
-from flowgrpo.trainer import Trainer
+from flowgrpo.engine.trainer import Trainer
 from train_fixtures import PLUGIN_REWARD, overrides
 
 CASES = {  # preset -> overrides: the plain ratio with the exact reference KL; GRPO-Guard's ratio with
@@ -27,10 +27,10 @@ def _train(preset, backend, model_dir, out_dir):
     cfg = load_config(preset, None, overrides(model_dir, out_dir, **CASES[preset], **{
         "loss.likelihood_backend": backend, "log.samples_every": 0, "log.save_every": 0}), base=PLUGIN_REWARD)
     trainer = Trainer(cfg)
-    start = [p.detach().clone() for p in trainer.params]
+    start = [p.detach().clone() for p in trainer.policy.params]
     trainer.train()
     rows = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "loss" in r], start, [p.detach().clone() for p in trainer.params]
+    return [r for r in rows if "loss" in r], start, [p.detach().clone() for p in trainer.policy.params]
 
 
 @pytest.mark.parametrize("preset", sorted(CASES))

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from flowgrpo.config import METHOD_SECTIONS, load_config
-from flowgrpo.trainer import Trainer
+from flowgrpo.engine.trainer import Trainer
 from train_fixtures import PLUGIN_REWARD, overrides, train_and_check
 
 PRESETS = {  # preset -> overrides that keep it small but keep its structure
@@ -32,7 +32,7 @@ PRESETS = {  # preset -> overrides that keep it small but keep its structure
 
 
 def test_every_preset_file_is_tested_here():
-    from flowgrpo.paths import configs_dir
+    from flowgrpo.run.paths import configs_dir
 
     assert sorted(PRESETS) == sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
 
@@ -76,7 +76,7 @@ def test_preset_trains_end_to_end_on_cuda(preset, tiny_sd3_dir, tmp_path):
     extra = {**PRESETS[preset], "train.cpu": False, "model.device": "cuda"}
     cfg = load_config(preset, None, overrides(tiny_sd3_dir, tmp_path, **extra), base=PLUGIN_REWARD)
     trainer, run, _ = train_and_check(cfg)
-    assert trainer.params[0].device.type == "cuda"
+    assert trainer.policy.params[0].device.type == "cuda"
     assert (run / "samples" / "step_2" / "manifest.jsonl").is_file()
 
 
@@ -88,9 +88,9 @@ def test_bf16_mixed_precision_runs_the_transformer_in_bf16(tiny_sd3_dir, tmp_pat
     dtypes = set()
     linear = next(m for m in trainer.model.transformer.modules() if isinstance(m, torch.nn.Linear))
     linear.register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
-    before = [p.detach().clone() for p in trainer.params]
+    before = [p.detach().clone() for p in trainer.policy.params]
     metrics = trainer.train()
     assert dtypes == {torch.bfloat16}, dtypes  # rollout and training forwards under accelerate's autocast
-    assert all(p.dtype == torch.float32 for p in trainer.params)  # master weights stay fp32
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params))
+    assert all(p.dtype == torch.float32 for p in trainer.policy.params)  # master weights stay fp32
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.params))
     assert math.isfinite(metrics["loss"])

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from flowgrpo.config import ConfigError, learning_rate_at, load_config
-from flowgrpo.trainer import Trainer
+from flowgrpo.engine.trainer import Trainer
 from train_fixtures import PLUGIN_REWARD, overrides
 
 SMALL = {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4}

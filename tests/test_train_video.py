@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from flowgrpo.config import ConfigError, load_config
-from flowgrpo.trainer import Trainer
+from flowgrpo.engine.trainer import Trainer
 from train_fixtures import PLUGIN_REWARD, VIDEO_PLUGIN_REWARD, overrides, train_and_check
 
 PRESETS = {  # the image tests' small structures (tests/test_train_presets.py)
@@ -102,12 +102,12 @@ def test_default_t2v_config_loads_and_composes():
 def test_train_t2v_without_the_tiny_wan_names_the_fix(monkeypatch, tmp_path, capsys):
     import importlib.util
 
-    import flowgrpo.paths
+    import flowgrpo.run.paths
 
     spec = importlib.util.spec_from_file_location("train_t2v", Path(__file__).resolve().parents[1] / "train_t2v.py")
     train_t2v = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_t2v)
-    monkeypatch.setattr(flowgrpo.paths, "ASSETS_DIR", tmp_path / "assets")  # as if tiny-wan were not built
+    monkeypatch.setattr(flowgrpo.run.paths, "ASSETS_DIR", tmp_path / "assets")  # as if tiny-wan were not built
     assert train_t2v.main([f"output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert "'tiny-wan'" in err and "flowgrpo pretrain-toy-video" in err
@@ -119,7 +119,7 @@ def test_rewards_must_take_what_the_model_makes(tiny_wan_dir, tmp_path):
     with pytest.raises(ConfigError, match="'train_fixtures:Brightness' scores images but the model makes videos.*per_frame"):
         Trainer(cfg)
     per_frame = {"rewards": [{"name": "per_frame", "kwargs": {"reward": "train_fixtures:Brightness"}}]}  # the named fix
-    assert Trainer(video_config("flow_grpo", tiny_wan_dir, tmp_path, base=per_frame)).rewards[0].modality == "video"
+    assert Trainer(video_config("flow_grpo", tiny_wan_dir, tmp_path, base=per_frame)).scoring.rewards[0].modality == "video"
     cfg = video_config("flow_grpo", tiny_wan_dir, tmp_path, **{"eval.reward": "toy"})
     with pytest.raises(ConfigError, match="eval.reward='toy' scores images.*toy_video"):
         Trainer(cfg)

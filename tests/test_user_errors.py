@@ -79,7 +79,7 @@ def test_training_user_errors_are_one_line_with_the_fix(argv, message, files, ca
 
 
 def test_a_missing_builtin_model_names_the_command_that_builds_it(tmp_path, monkeypatch, capsys):
-    from flowgrpo import paths
+    from flowgrpo.run import paths
 
     monkeypatch.setattr(paths, "ASSETS_DIR", tmp_path / "assets")
     assert _train_t2i()([f"output_dir={tmp_path}"]) == 2
@@ -88,7 +88,7 @@ def test_a_missing_builtin_model_names_the_command_that_builds_it(tmp_path, monk
 
 
 def test_debug_shows_the_traceback(files):
-    from flowgrpo.errors import UserError
+    from flowgrpo.run.errors import UserError
 
     with pytest.raises(UserError, match="no prompts in"):
         _train_t2i()(["--debug", f"prompts={files}/empty.txt", f"output_dir={files}/runs"])

@@ -10,7 +10,7 @@ import torch
 from flowgrpo.tiny import (
     TinySD3Sizes, TinyWanSizes, build_clip_tokenizer, build_t5_tokenizer, build_tiny_sd3_pipeline, build_tiny_wan_pipeline,
 )
-from rewards.toy import video_world, world
+from worlds.toy import clips, scenes
 
 TRAIN_SIZES = TinySD3Sizes(vae_channels=(16, 16, 16), text_width=32, text_layers=2, num_layers=1, num_heads=2, head_dim=16)
 # 5 frames of 32x32 (tests override tiny_wan.yaml's 9: half the VAE work) -> latents 8 x 2 x 8 x 8; one small block
@@ -19,13 +19,13 @@ WAN_TRAIN_SIZES = TinyWanSizes(num_frames=5, vae_base_dim=8, latent_channels=8, 
 
 
 def save_tiny_sd3(folder) -> str:
-    corpus = [p.text for p in world.train_prompts() + world.eval_prompts()]
+    corpus = [p.text for p in scenes.train_prompts() + scenes.eval_prompts()]
     build_tiny_sd3_pipeline(build_clip_tokenizer(corpus, 16), TRAIN_SIZES, seed=0).save_pretrained(folder)
     return str(folder)
 
 
 def save_tiny_wan(folder) -> str:
-    corpus = [p.text for p in video_world.train_prompts() + video_world.eval_prompts()]
+    corpus = [p.text for p in clips.train_prompts() + clips.eval_prompts()]
     build_tiny_wan_pipeline(build_t5_tokenizer(corpus, 16), WAN_TRAIN_SIZES, seed=0).save_pretrained(folder)
     return str(folder)
 
@@ -93,12 +93,15 @@ def train_and_check(cfg):
     finite, bounded loss and something trained (transitions, or clean samples for a forward-process
     learner); the learner's contract at inner epoch 0 — ρ = 1 exactly (the transition learner, AWM), or
     v⁺ = v_old in the first iteration, where θ_old = θ (DiffusionNFT); some trainable parameter changed.
-    Returns the trainer, the run directory and its metrics.jsonl rows."""
-    from flowgrpo.trainer import Trainer
+    The entry point's end of a run follows: the review site (gallery/) is built. Returns the trainer, the run
+    directory and its metrics.jsonl rows."""
+    from flowgrpo.cli.train import build_gallery
+    from flowgrpo.engine.trainer import Trainer
 
     trainer = Trainer(cfg)
-    before = [p.detach().clone() for p in trainer.params]
+    before = [p.detach().clone() for p in trainer.policy.params]
     trainer.train()
+    build_gallery(cfg)
     run = Path(cfg.run_dir)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in rows if "loss" in r]
@@ -110,5 +113,5 @@ def train_and_check(cfg):
             assert r["max_abs_ratio_minus_1_epoch0"] < 1e-6, r["max_abs_ratio_minus_1_epoch0"]
     if cfg.learner.name == "diffusion_nft":
         assert updates[0]["max_abs_vplus_minus_vold_epoch0"] == 0.0
-    assert sum(not torch.equal(a, b) for a, b in zip(before, trainer.params)) > 0, "no trainable parameter changed"
+    assert sum(not torch.equal(a, b) for a, b in zip(before, trainer.policy.params)) > 0, "no trainable parameter changed"
     return trainer, run, rows

@@ -1,6 +1,6 @@
-"""The analytic family: a Gaussian-mixture world whose base velocity is exact (MATH.md §6).
+"""The analytic family: a Gaussian-mixture world whose base velocity is exact (docs/math.md §6).
 
-The world (modes, prompts, rewards, the KL-regularised optimum) is ``rewards/analytic.py``; this file
+The world (modes, prompts, scores, the KL-regularised optimum) is ``worlds/analytic.py``; this file
 is its model, behind the same adapter interface as SD3, FLUX and Wan, so the same trainer, plans,
 executor, kernels, losses, advantages, checkpoints and run directory run it. Nothing else knows it
 is not a diffusion transformer:
@@ -35,7 +35,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
 from flowgrpo.models.base import Conditioning, FlowModel
-from rewards import analytic as world
+from worlds import analytic as world
 
 HIDDEN = 64  # width of the residual network's hidden layers
 LAYERS = 2  # hidden layers
@@ -73,7 +73,7 @@ class ResidualVelocity(ModelMixin, ConfigMixin):
 
 def mixture_velocity(x: torch.Tensor, sigma: torch.Tensor, weights: torch.Tensor, means: torch.Tensor,
                      stds: torch.Tensor) -> torch.Tensor:
-    """The exact velocity E[x1 − x0 | x_σ = x] of the mixture Σ_k w_k·N(m_k, s_k²·I) (MATH.md §6).
+    """The exact velocity E[x1 − x0 | x_σ = x] of the mixture Σ_k w_k·N(m_k, s_k²·I) (docs/math.md §6).
 
     x [N, d], sigma [N], weights [N, K] (rows sum to 1), means [K, d], stds [K] -> v [N, d] float64.
     Distances expand as |x|² − 2a·x·m_k + a²·|m_k|² (a = 1 − σ), so the cost is two [N, d]×[d, K]

@@ -35,7 +35,7 @@ from typing import ClassVar, Optional
 
 import torch
 
-from flowgrpo.paths import resolve_pretrained
+from flowgrpo.run.paths import resolve_pretrained
 
 from flowgrpo.models.config import (  # noqa: F401  (re-exported)
     ModelConfig,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, List, Optional
 import torch
 
-from flowgrpo.errors import UserError
+from flowgrpo.run.errors import UserError
 
 # Flow-GRPO's LoRA targets: every attention projection of the joint (MM-DiT) blocks. The names are
 # the same in SD3's and FLUX's transformers (FLUX's single-stream blocks have no `to_out`).
@@ -93,6 +93,11 @@ def families() -> list[str]:
 def _family_class(name: str) -> type:  # a FlowModel subclass
     module_name, class_name = _FAMILIES[name].split(":")
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def family_modality(name: str) -> str:
+    """What a family's model makes: "image", "video" or "vector" (the analytic world)."""
+    return _family_class(name).modality
 
 
 def attention_backends() -> list[str]:

@@ -43,7 +43,7 @@ import torch
 
 from rewards.base import Reward, RewardOutput
 from rewards.toy.scorer import POSITION_MARGIN, _PROTOTYPES, ToyScorer, detect_objects
-from rewards.toy.world import IMAGE_SIZE, SHAPES
+from worlds.toy.scenes import IMAGE_SIZE, SHAPES
 
 _ALONG = {"left of": (1, 0), "right of": (-1, 0), "above": (0, 1), "below": (0, -1)}
 

@@ -29,7 +29,7 @@ import math
 import torch
 
 from rewards.base import Reward, RewardOutput
-from rewards.toy.world import BACKGROUND, COLORS, IMAGE_SIZE, SHAPES, TASKS, ToyPrompt, parse_prompt
+from worlds.toy.scenes import BACKGROUND, COLORS, IMAGE_SIZE, SHAPES, TASKS, ToyPrompt, parse_prompt
 
 COLOR_TOLERANCE = 100.0  # max RGB distance (0-255 units) to the nearest palette colour
 MIN_AREA = 24  # pixels at 64x64 (scaled with image area): smaller components are specks

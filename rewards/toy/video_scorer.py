@@ -36,7 +36,7 @@ import torch
 
 from rewards.base import Reward, RewardOutput
 from rewards.toy.scorer import detect_objects, resolve_prompt, summarize  # noqa: F401  (summarize is re-exported)
-from rewards.toy.video_world import DIRECTION_VECTORS, FRAME_SIZE, ToyVideoPrompt, parse_prompt
+from worlds.toy.clips import DIRECTION_VECTORS, FRAME_SIZE, ToyVideoPrompt, parse_prompt
 
 # Object size limits in pixels at 32x32 (scaled with frame area): the smallest true object (a 4 px
 # triangle) has 32 px, the largest (a 7 px square) 196; smaller components are specks of noise,

@@ -1,0 +1,295 @@
+"""The ``flowgrpo`` command: the jobs that are not training (training is ``accelerate launch train_t2i.py``).
+
+  flowgrpo eval          sample a prompt set with a model (or a trained checkpoint), score it with a
+                         reward and print a JSON summary: mean score, strict accuracy, per-task
+                         means, number of images, seconds
+  flowgrpo gallery       build (or --serve) the sample review site of a run directory (the same as
+                         ``python -m gallery`` and ``flowgrpo-gallery``)
+  flowgrpo pretrain-toy  (re)build the embedded tiny SD3 model on the toy world (resumable)
+  flowgrpo pretrain-toy-video  (re)build the embedded tiny Wan2.1 model on the toy video world (resumable)
+
+Run ``flowgrpo <command> --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+
+class UserExit(SystemExit):
+    """Bad input, after its one line was printed: exit status 2 (as argparse's usage errors), and the
+    line as the exception's text for callers of main()."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.code = 2
+
+
+def _read_prompts(spec: str, limit: int | None) -> tuple[list[str], list[dict] | None]:
+    from flowgrpo.data import read_prompts
+
+    prompts, metadata = read_prompts(spec, limit or 0)  # a PromptFileError names the fix
+    return prompts, (metadata if any(metadata) else None)
+
+
+def _step(path: Path) -> tuple[str, int]:
+    number = path.name.removeprefix("step_")
+    return str(path.parent), int(number) if number.isdigit() else -1
+
+
+def _checkpoint_folder(spec: str) -> Path:
+    """The folder of --checkpoint whose weights load: a training checkpoint's model/ or the folder itself."""
+    from flowgrpo.run.errors import UserError
+
+    folder = Path(spec)
+    if not folder.is_dir():  # name the checkpoints that do exist: beside it, or else in ./runs
+        found = sorted(folder.parent.glob("step_*") if folder.parent.is_dir() else Path("runs").glob("*/checkpoints/step_*"),
+                       key=_step)
+        where = f" (found: {', '.join(str(p) for p in found[-6:])})" if found else ""
+        raise UserError(f"--checkpoint {spec!r} does not exist; pass a checkpoint folder such as "
+                        f"runs/<name>/checkpoints/step_<n>{where}")
+    weights = folder / "model" if (folder / "model").is_dir() else folder
+    if not any(weights.glob("*.safetensors")):
+        raise UserError(f"--checkpoint {spec!r} holds no model weights (no model/ folder and no *.safetensors); pass "
+                        "runs/<name>/checkpoints/step_<n> or a folder written by save_trainable (LoRA or full weights)")
+    return weights
+
+
+def _model_config(args) -> dict:
+    from omegaconf import OmegaConf
+
+    from flowgrpo.run.paths import configs_dir
+
+    spec = args.model
+    path = Path(spec)
+    if not path.is_file():
+        path = configs_dir() / "models" / f"{spec.removesuffix('.yaml')}.yaml"
+    if not path.is_file():
+        from flowgrpo.run.errors import UserError
+
+        names = sorted(p.stem for p in (configs_dir() / "models").glob("*.yaml"))
+        raise UserError(f"--model {spec!r} is not a YAML file nor one of {names} (configs/models/)")
+    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    run_config = Path(args.checkpoint or "") / "state.json"
+    if args.checkpoint and run_config.is_file() and args.model == "tiny_sd3":
+        # a training checkpoint: the run's own model section (its LoRA rank, base model, ...)
+        saved = json.loads(run_config.read_text()).get("config")
+        if saved:
+            cfg = OmegaConf.to_container(OmegaConf.create(saved), resolve=True)["model"]
+    if args.pretrained:
+        cfg["pretrained"] = args.pretrained
+    if args.device:
+        cfg["device"] = args.device
+    return cfg
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from flowgrpo.run.errors import UserError, reward_class
+    from flowgrpo.run.paths import resolve_pretrained
+    from flowgrpo.run.threads import set_threads
+
+    if args.samples_per_prompt < 1:
+        raise UserError(f"--samples-per-prompt must be ≥ 1, got {args.samples_per_prompt}")
+    # every input is checked before the model loads
+    weights = _checkpoint_folder(args.checkpoint) if args.checkpoint else None
+    reward_class(args.reward, "--reward")
+    prompts, metadata = _read_prompts(args.prompts, args.limit)
+    model_config = _model_config(args)
+    try:
+        resolve_pretrained(model_config["pretrained"])
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+    threads_before = torch.get_num_threads()
+    set_threads(args.threads)  # printed once the model is loaded
+    try:
+        return _evaluate_and_print(args, prompts, metadata, model_config, weights)
+    finally:
+        torch.set_num_threads(threads_before)  # main() called in a process that goes on (tests) leaves it as it was
+
+
+def _evaluate_and_print(args, prompts, metadata, model_config, weights) -> int:
+    import torch
+
+    from flowgrpo.evaluate import best_of_k, evaluate
+    from flowgrpo.models import load_model
+    from flowgrpo.run.threads import startup_line
+    from rewards import load_reward
+
+    model = load_model(model_config)
+    if weights is not None:
+        model.load_trainable(weights)
+    reward = load_reward(args.reward)
+    print(startup_line(how="--threads N"), file=sys.stderr)
+    all_scores = []
+    for j in range(args.samples_per_prompt):  # sample j of every prompt uses seed + j
+        result, images, scores = evaluate(
+            model, prompts, reward, metadata, seed=args.seed + j, steps=args.steps,
+            guidance_scale=args.guidance, batch_size=args.batch_size,
+        )
+        all_scores.append(scores)
+        if j == 0:
+            summary = result
+        if args.save_images:
+            _save_images(Path(args.save_images) / (f"seed_{args.seed + j}" if args.samples_per_prompt > 1 else ""),
+                         images, prompts)
+    if args.samples_per_prompt > 1:
+        summary["headroom"] = best_of_k(torch.stack(all_scores))
+    summary = {"model": model.config.pretrained, "checkpoint": args.checkpoint, "prompts": args.prompts,
+               "reward": args.reward, **summary}
+    text = json.dumps(summary, indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def _save_images(folder: Path, images, prompts: list[str]) -> None:
+    from PIL import Image
+
+    from flowgrpo.run.run_dir import to_uint8
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, (image, prompt) in enumerate(zip(images, prompts)):
+        if image.ndim == 4:  # a video [F, 3, H, W]: an animated GIF
+            name = f"{i:05d}.gif"
+            frames = [Image.fromarray(a) for a in to_uint8(image)]
+            frames[0].save(folder / name, save_all=True, append_images=frames[1:], duration=125, loop=0)
+        else:
+            name = f"{i:05d}.png"
+            Image.fromarray(to_uint8(image)).save(folder / name)
+        rows.append(json.dumps({"file": name, "prompt": prompt}))
+    (folder / "manifest.jsonl").write_text("\n".join(rows) + "\n")
+
+
+def _sizes_class(config_class):
+    """The model-size dataclass of a pretraining config (its ``sizes`` field: TinySD3Sizes, TinyWanSizes)."""
+    return next(f.default_factory for f in dataclasses.fields(config_class) if f.name == "sizes")
+
+
+def _pretrain_config(config_class, args):
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    sizes = {f.name: given[f.name] for f in dataclasses.fields(_sizes_class(config_class)) if f.name in given}
+    fields = {f.name for f in dataclasses.fields(config_class)} - {"sizes"}
+    extra = {"sizes": _sizes_class(config_class)(**sizes)} if sizes else {}
+    return config_class(**{k: v for k, v in given.items() if k in fields}, **extra)
+
+
+def cmd_pretrain_toy(args) -> int:
+    from flowgrpo.tiny.pretrain import PretrainConfig, pretrain_toy
+
+    print(json.dumps(pretrain_toy(_pretrain_config(PretrainConfig, args)), indent=2))
+    return 0
+
+
+def cmd_pretrain_toy_video(args) -> int:
+    from flowgrpo.tiny.pretrain_video import PretrainVideoConfig, pretrain_toy_video
+
+    print(json.dumps(pretrain_toy_video(_pretrain_config(PretrainVideoConfig, args)), indent=2))
+    return 0
+
+
+def _add_pretrain_options(parser: argparse.ArgumentParser, config_class=None) -> None:
+    if config_class is None:
+        from flowgrpo.tiny.pretrain import PretrainConfig as config_class
+
+    sizes = _sizes_class(config_class)()  # the model's architecture: one option per number (--num-layers 8)
+    for owner, default in ((config_class, None), (type(sizes), sizes)):
+        for f in dataclasses.fields(owner):
+            if f.type in ("int", "float", "str", int, float, str):
+                kind = {"int": int, "float": float, "str": str}.get(f.type, f.type)
+                value = f.default if default is None else getattr(default, f.name)
+                parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
+                                    help=f"{'' if default is None else 'model size; '}default: {value}")
+
+
+_EPILOG = """training (not a flowgrpo command):
+  accelerate launch train_t2i.py [--preset NAME] [--model NAME] [key=value ...]   text-to-image
+  accelerate launch train_t2v.py [--preset NAME] [--model NAME] [key=value ...]   text-to-video
+  (train_t2i.py --help lists the presets and model configs)
+config keys: flowgrpo/config.py; bad input and its messages: docs/errors.md"""
+
+
+def cmd_gallery(argv: list[str]) -> int:
+    from gallery.cli import main as gallery_main
+
+    return gallery_main(argv)  # its usage line says flowgrpo-gallery: the same command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__.split("\n\nRun ")[0], epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,gallery,pretrain-toy,pretrain-toy-video}")
+
+    ev = sub.add_parser("eval", help="score a model or checkpoint on a prompt set with a reward")
+    ev.add_argument("--model", default="tiny_sd3", help="model config: a YAML file or a name in configs/models (default tiny_sd3)")
+    ev.add_argument("--pretrained", help="override the config's model: hub id, local folder or built-in name")
+    ev.add_argument("--checkpoint", help="a training checkpoint (runs/<name>/checkpoints/step_<n>: its model config and its "
+                    "evaluation weights, EMA if the run kept one) or a LoRA / full-weights folder to load on top")
+    ev.add_argument("--prompts", default="toy-eval",
+                    help="'toy-eval' (default), 'toy-train', 'toy-video-eval', 'toy-video-train', a .txt or a .jsonl file")
+    ev.add_argument("--reward", default="toy", help="registered reward name or dotted path module:Class")
+    ev.add_argument("--steps", type=int, help="ODE steps (default: the model config's sample_steps)")
+    ev.add_argument("--guidance", type=float, help="guidance scale (default: the model config's)")
+    ev.add_argument("--seed", type=int, default=0, help="noise seed; image i uses a pure function of (seed, i)")
+    ev.add_argument("--samples-per-prompt", type=int, default=1,
+                    help="K > 1: also sample seeds seed+1 .. seed+K-1 and report the headroom: the mean best "
+                         "of k samples per prompt for k = 1, 2, 4, .. K; the summary's "
+                         "other numbers stay those of the first seed")
+    ev.add_argument("--batch-size", type=int, default=64)
+    ev.add_argument("--limit", type=int, help="score only the first N prompts")
+    ev.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, auto)")
+    ev.add_argument("--threads", type=int, default=0, metavar="N",
+                    help="torch CPU threads; 0 (default) = automatic: OMP_NUM_THREADS if set, else the cores no other "
+                         "process is busy on (flowgrpo/run/threads.py); printed at start-up")
+    ev.add_argument("--save-images", help="write the PNGs and a manifest.jsonl to this folder")
+    ev.add_argument("--output", help="also write the JSON summary to this file")
+    ev.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
+    ev.set_defaults(func=cmd_eval)
+
+    # listed here; its arguments are the gallery's own (main() hands them over before parsing)
+    sub.add_parser("gallery", add_help=False, help="build (or --serve) the review site of a run directory: "
+                   "flowgrpo gallery RUN_DIR [--serve] (= python -m gallery)")
+
+    pre = sub.add_parser("pretrain-toy", help="build the embedded tiny SD3 model on the toy world (resumable)")
+    _add_pretrain_options(pre)
+    pre.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
+    pre.set_defaults(func=cmd_pretrain_toy)
+
+    from flowgrpo.tiny.pretrain_video import PretrainVideoConfig
+
+    pre_video = sub.add_parser("pretrain-toy-video",
+                               help="build the embedded tiny Wan2.1 model on the toy video world (resumable)")
+    _add_pretrain_options(pre_video, PretrainVideoConfig)
+    pre_video.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
+    pre_video.set_defaults(func=cmd_pretrain_toy_video)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command. Bad input (a UserError) prints one line naming the fix and exits with status 2
+    (UserExit); ``--debug`` shows its traceback instead."""
+    from flowgrpo.run.errors import UserError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gallery"]:
+        return cmd_gallery(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        if getattr(args, "debug", False):
+            raise
+        line = f"flowgrpo {args.command}: error: {exc}"
+        print(line, file=sys.stderr)
+        raise UserExit(line) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

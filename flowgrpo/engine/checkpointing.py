@@ -1,0 +1,47 @@
+"""Saving and resuming a training run: what a checkpoint holds and how it is put back.
+
+A checkpoint (``checkpoints/step_<n>/``, written atomically by flowgrpo/run/checkpoint.py) holds
+  tensors.safetensors   the policy's tensors: trainable weights ``weights.*``, optimizer state ``optim.*``,
+                        every saved copy of the weights (``ema.*``, ``old.*``, ``awm_ema.*``, ``ema_ref.*``,
+                        ``anchor.*``)
+  state.json            the iteration, optimizer steps and hyper-parameters, the plan schedule's state (a
+                        moving window's position), the NFE counters and the resolved config
+  model/                the evaluation weights (the EMA when kept) as diffusers writes them: a LoRA file
+                        (``pipe.load_lora_weights``) or the transformer folder
+Every random draw is a pure function of (seed, iteration, prompt slot, node), and the learning rate a
+function of the iteration, so a resumed run continues bit-identically (tests/engine/test_resume.py).
+"""
+
+from __future__ import annotations
+
+from flowgrpo.run.checkpoint import checkpoint_dirs, load_checkpoint, prune_checkpoints, save_checkpoint
+
+
+def save(cfg, policy, schedule, iteration: int, evaluation_copy, config_yaml: str) -> None:
+    """Write ``checkpoints/step_<iteration>`` of the run and keep the newest ``log.keep_checkpoints``."""
+    state = {"iteration": iteration, **policy.state_dict(), "schedule": schedule.state_dict(),
+             "nfe": policy.nfe.state_dict(), "config": config_yaml}
+
+    def evaluation_weights(tmp):  # model/: LoRA (diffusers format) or full weights, EMA if kept
+        with policy.using(evaluation_copy):
+            policy.model.save_trainable(tmp / "model")
+
+    save_checkpoint(cfg.run_dir / "checkpoints" / f"step_{iteration}", policy.state_tensors(), state,
+                    extra=evaluation_weights)
+    prune_checkpoints(cfg.run_dir, cfg.log.keep_checkpoints)
+
+
+def resume(cfg, policy, schedule):
+    """Load the newest checkpoint of the run folder into ``policy`` and ``schedule``; returns (its folder,
+    the iteration to continue from), or None when there is none or ``resume=false``."""
+    found = checkpoint_dirs(cfg.run_dir)
+    if not (cfg.resume and found):
+        return None
+    tensors, state = load_checkpoint(found[-1])
+    policy.load_state(tensors, state)
+    schedule.load_state_dict(state["schedule"])
+    policy.nfe.load_state_dict(state["nfe"])
+    return found[-1], state["iteration"]
+
+
+__all__ = ["resume", "save"]

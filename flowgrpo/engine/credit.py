@@ -1,0 +1,227 @@
+"""Credit assignment: from an iteration's rewards to the advantage of every trained transition and sample.
+
+One module holds every rule (docs/math.md §3 "Advantages", §2 BranchGRPO and TempFlow):
+
+- ``combine_rewards``: several rewards become one signal per leaf (GDPO's per-reward group z-scores, or
+  the weighted sum of raw rewards); one reward is scaled by its weight (−1 minimises it);
+- ``group_zscore``: A = (r − group mean)/(group or global std + eps), or r − group mean (Dr. GRPO);
+- ``tree_advantages`` / ``path_weighted_values``: BranchGRPO's depth-wise advantages of node values;
+- ``best_of_n_mask``: DanceGRPO's best-of-N filter; ``win_rates``: Pref-GRPO's pairwise rewards;
+- ``assign``: the iteration's rule, applied to the rollout records: gather every process's rewards,
+  combine, z-score, take tree values where the plan branches, filter best-of-N, clip, and hand each
+  trained transition the advantage of its x' node (``Trajectory.transition_values``: for a chain its
+  leaf's, for a TempFlow side child its sibling group's, for a BranchGRPO edge its child node's).
+
+NaN rewards (a reward that did not apply or failed) stay NaN: they never enter a mean or std, and
+their transitions and samples are masked out of the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Advantages:
+    """An iteration's advantages, per rollout batch of this process (NaN = masked, clipped to ±clip)."""
+
+    transitions: list[torch.Tensor]  # [M_b] per stored transition: the advantage of its x' node
+    leaves: list[torch.Tensor]  # [L_b] per leaf (sample): group z-score (tree plans: the leaf node's depth-wise one)
+
+
+def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, weights: torch.Tensor, cfg,
+           tree: bool, gather: Callable[[torch.Tensor], torch.Tensor], rank: int) -> tuple[Advantages, dict]:
+    """Advantages of this process's rollout batches and the iteration's statistics.
+
+    ``records``: each batch's ``Trajectory`` (its bookkeeping on the CPU); ``slots``: each batch's global
+    prompt slots; ``local_rewards`` [L, K]: this process's leaves' rewards in batch and leaf order;
+    ``weights`` [K]; ``cfg``: the advantage section of the config; ``tree``: whether the plan branches
+    (BranchGRPO's depth-wise values); ``gather``: concatenates a tensor over processes in rank order.
+    Statistics are over every process's leaves (identical on 1 or N processes); ``leaf_rewards`` and
+    ``leaf_advantages`` are this process's, for the sample manifests."""
+    gpp = records[0].groups_per_prompt
+    local_g = torch.cat([torch.tensor(s)[rec.leaf_prompt] * gpp + rec.leaf_group % gpp for s, rec in zip(slots, records)])
+    all_r, all_g = gather(local_rewards), gather(local_g)
+    signal_all = combine_rewards(all_r, weights, all_g, cfg.multi_reward, cfg.eps)
+    leaf_adv_all, stats = group_zscore(signal_all, all_g, cfg.std, cfg.eps)
+    stats["valid_reward_fraction"] = float(torch.isfinite(signal_all).float().mean())  # over every process's leaves
+    if all_r.shape[1] > 1 and cfg.multi_reward == "gdpo":
+        leaf_adv_all = signal_all.float()  # GDPO's batch z-score of the summed group z-scores is the advantage
+    start = rank * local_rewards.shape[0]
+    leaf_adv = leaf_adv_all[start : start + local_rewards.shape[0]]
+    signal = signal_all[start : start + local_rewards.shape[0]]
+    out, leaves, offset = [], [], 0
+    for rec in records:
+        n = rec.num_leaves
+        if tree:  # BranchGRPO: depth-wise advantages of node values
+            if cfg.tree_value == "path_weighted":
+                values = path_weighted_values(rec, signal[offset : offset + n], cfg.tree_beta)
+            else:
+                values = rec.node_values(signal[offset : offset + n])
+            node_adv = tree_advantages(values, rec.node_depth, cfg.eps)
+            t_adv, l_adv = node_adv[rec.prompt, rec.node], node_adv[rec.leaf_prompt, rec.leaf_node]
+        else:  # chains and TempFlow siblings: the advantage of the leaf below x'
+            t_adv, l_adv = rec.transition_values(leaf_adv[offset : offset + n]), leaf_adv[offset : offset + n]
+        if cfg.best_of_n:
+            keep = best_of_n_mask(leaf_adv[offset : offset + n], rec.leaf_group, cfg.best_of_n)
+            t_adv = torch.where(rec.transition_values(keep.float()) > 0.5, t_adv, torch.full_like(t_adv, float("nan")))
+            l_adv = torch.where(keep, l_adv, torch.full_like(l_adv, float("nan")))
+        out.append(t_adv.clamp(-cfg.clip, cfg.clip))
+        leaves.append(l_adv.clamp(-cfg.clip, cfg.clip))
+        offset += n
+    stats.update({"advantage/mean": float(torch.nanmean(leaf_adv_all)),
+                  "advantage/abs_mean": float(torch.nanmean(leaf_adv_all.abs())),
+                  "all_rewards": all_r, "leaf_rewards": local_rewards, "leaf_advantages": leaf_adv})
+    return Advantages(out, leaves), stats
+
+
+def _group_stats(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row group mean, group std (population) and group count of the non-NaN values."""
+    valid = ~torch.isnan(values)
+    ids, inverse = torch.unique(groups, return_inverse=True)
+    filled = torch.where(valid, values, torch.zeros_like(values)).double()
+    count = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, valid.double())
+    total = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, filled)
+    mean = total / count.clamp(min=1)
+    sq = torch.where(valid, (values.double() - mean[inverse]) ** 2, torch.zeros_like(filled))
+    var = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, sq) / count.clamp(min=1)
+    return mean[inverse], var.sqrt()[inverse], count[inverse]
+
+
+def group_zscore(
+    rewards: torch.Tensor, groups: torch.Tensor, std: str = "group", eps: float = 1e-4
+) -> tuple[torch.Tensor, dict]:
+    """A_i = (r_i − mean_g)/(std + eps) with std per group or over the whole batch, or
+    A_i = r_i − mean_g with std="none" (Dr. GRPO: the group-mean baseline alone, which keeps the
+    reward's scale, so a KL weight β means what it says in E[r] − β·KL).
+
+    rewards [L] (NaN = not applicable), groups [L] -> advantages [L] float32 (NaN where the reward
+    is), plus stats: the fraction of groups with zero std (they carry no signal and get A = 0).
+    """
+    mean, group_std, count = _group_stats(rewards, groups)
+    valid = ~torch.isnan(rewards)
+    if std == "global":
+        denom = rewards[valid].double().std(unbiased=False) if valid.any() else torch.tensor(0.0)
+        denom = denom.expand_as(mean) + eps
+    elif std == "group":
+        denom = group_std + eps
+    elif std == "none":
+        denom = torch.ones_like(mean)
+    else:
+        raise ValueError(f"std={std!r}; use 'group', 'global' or 'none'")
+    adv = (rewards.double() - mean) / denom
+    zero = group_std < 1e-12
+    adv = torch.where(zero & valid, torch.zeros_like(adv), adv)
+    ids = torch.unique(groups)
+    zero_groups = sum(bool(zero[groups == g].all()) for g in ids.tolist())
+    stats = {"zero_std_group_fraction": zero_groups / max(1, len(ids)), "nan_reward_fraction": float((~valid).double().mean())}
+    return adv.float(), stats
+
+
+def gdpo(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """GDPO multi-reward: z-score each reward inside its group, weighted sum, z-score the sum over
+    the batch. rewards [L, K], weights [K] -> combined [L] (before the final advantage step)."""
+    per_reward = torch.stack([group_zscore(rewards[:, k], groups, "group", eps)[0] for k in range(rewards.shape[1])], 1)
+    combined = (per_reward * weights.to(per_reward)).sum(1)
+    nan = torch.isnan(rewards).any(1)
+    combined = torch.where(nan, torch.full_like(combined, float("nan")), combined)
+    valid = ~nan
+    if valid.sum() > 1:
+        m, s = combined[valid].mean(), combined[valid].std(unbiased=False)
+        combined = (combined - m) / (s + eps)
+    return combined
+
+
+def combine_rewards(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
+    """[L, K] rewards -> [L] scalar signal: one reward is scaled by its weight (a negative weight
+    minimises it: every advantage rule is odd in the signal, so weight −1 flips every advantage's
+    sign); several combine by ``mode``."""
+    if rewards.shape[1] == 1:
+        return rewards[:, 0] * weights[0].to(rewards)
+    if mode == "gdpo":
+        return gdpo(rewards, weights, groups, eps)
+    if mode == "sum":
+        return (rewards * weights.to(rewards)).sum(1)
+    raise ValueError(f"multi_reward={mode!r}; use 'gdpo' or 'sum'")
+
+
+def win_rates(preferences: torch.Tensor) -> torch.Tensor:
+    """Pref-GRPO: preferences [G, G] with p[i, j] = 1 if i beats j, 0.5 tie, 0 loss (diagonal
+    ignored) -> win rate of each member over the other G − 1 [G]."""
+    g = preferences.shape[0]
+    if preferences.shape != (g, g) or g < 2:
+        raise ValueError(f"preferences must be a square [G, G] matrix with G ≥ 2, got {tuple(preferences.shape)}")
+    off = ~torch.eye(g, dtype=torch.bool)
+    return (preferences.double() * off).sum(1).div(g - 1).float()
+
+
+def tree_advantages(node_values: torch.Tensor, node_depth: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """BranchGRPO depth-wise advantages: for every node n at depth d of a prompt's tree,
+    A(n) = (r̄(n) − mean_d)/(std_d + eps) over that prompt's nodes at depth d.
+    node_values [P, Nn], node_depth [Nn] -> [P, Nn] (a single node at a depth gets 0)."""
+    adv = torch.zeros_like(node_values, dtype=torch.float64)
+    for depth in node_depth.unique().tolist():
+        cols = (node_depth == depth).nonzero().squeeze(1)
+        vals = node_values[:, cols].double()
+        valid = ~torch.isnan(vals)
+        count = valid.sum(1, keepdim=True).clamp(min=1)
+        mean = torch.where(valid, vals, 0.0).sum(1, keepdim=True) / count
+        std = (torch.where(valid, (vals - mean) ** 2, 0.0).sum(1, keepdim=True) / count).sqrt()
+        z = torch.where(std < 1e-12, torch.zeros_like(vals), (vals - mean) / (std + eps))
+        adv[:, cols] = torch.where(valid, z, torch.full_like(vals, float("nan")))  # NaN nodes stay NaN
+    return adv.float()
+
+
+def path_weighted_values(record, leaf_rewards: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
+    """BranchGRPO's path-probability weighted node values: for node n, the leaves ℓ below it weigh
+    w_ℓ = softmax_ℓ(β·log p(path to ℓ)) with log p the sum of the stored transition log-probs on the
+    path (ODE edges contribute 0). Returns [P, Nn]."""
+    P, Nn = record.num_prompts, record.node_parent.numel()
+    edge_lp = torch.zeros(P, Nn, dtype=torch.float64)
+    edge_lp[record.prompt, record.node] = record.log_prob.double()
+    parents = record.node_parent.tolist()
+    path_lp = edge_lp.clone()
+    for node in range(Nn):  # parents have smaller ids: accumulate from the root down
+        if parents[node] >= 0:
+            path_lp[:, node] += path_lp[:, parents[node]]
+    values = torch.full((P, Nn), float("nan"), dtype=torch.float64)
+    leaf_lp = path_lp[record.leaf_prompt, record.leaf_node]
+    for node in range(Nn):
+        below = _descendant_leaves(record, node)
+        for p in range(P):
+            rows = below & (record.leaf_prompt == p)
+            if rows.any():
+                w = torch.softmax(beta * leaf_lp[rows], 0)
+                values[p, node] = (w * leaf_rewards[rows].double()).sum()
+    return values.float()
+
+
+def _descendant_leaves(record, node: int) -> torch.Tensor:
+    """Bool [L]: leaves whose root-to-leaf path passes through ``node``."""
+    parents = record.node_parent.tolist()
+    marks = []
+    for leaf in record.leaf_node.tolist():
+        n = leaf
+        while n >= 0 and n != node:
+            n = parents[n]
+        marks.append(n == node)
+    return torch.tensor(marks, dtype=torch.bool)
+
+
+def best_of_n_mask(advantages: torch.Tensor, groups: torch.Tensor, n: int) -> torch.Tensor:
+    """DanceGRPO best-of-N: keep the n/2 highest and n/2 lowest advantages of each group. [L] bool."""
+    keep = torch.zeros_like(advantages, dtype=torch.bool)
+    if n <= 0:
+        return ~keep
+    half = max(1, n // 2)
+    for g in groups.unique().tolist():
+        rows = ((groups == g) & ~torch.isnan(advantages)).nonzero().squeeze(1)  # NaN rows are never picked
+        if rows.numel() == 0:
+            continue
+        order = rows[torch.argsort(advantages[rows], stable=True)]
+        keep[order[:half]] = True
+        keep[order[-half:]] = True
+    return keep

@@ -1,0 +1,30 @@
+"""Learners: the update rules a preset chooses with ``learner.name`` (see base.py).
+
+    transition      the denoising-MDP GRPO loss on stored SDE transitions (docs/math.md §3)
+    diffusion_nft   DiffusionNFT, forward-process negative-aware fine-tuning (docs/math.md §5)
+    awm             Advantage Weighted Matching (docs/math.md §5)
+    dgpo            Direct Group Preference Optimization (docs/math.md §5)
+
+A learner is built with the run's config and the policy (flowgrpo/engine/policy.py), never with the loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from flowgrpo.engine.learners.base import Learner, Rollouts
+
+LEARNERS = {
+    "transition": "flowgrpo.engine.learners.transition:TransitionLearner",
+    "diffusion_nft": "flowgrpo.engine.learners.nft:NFTLearner",
+    "awm": "flowgrpo.engine.learners.awm:AWMLearner",
+    "dgpo": "flowgrpo.engine.learners.dgpo:DGPOLearner",
+}
+
+
+def build_learner(cfg, policy) -> Learner:
+    module, name = LEARNERS[cfg.learner.name].split(":")
+    return getattr(importlib.import_module(module), name)(cfg, policy)
+
+
+__all__ = ["LEARNERS", "Learner", "Rollouts", "build_learner"]

@@ -1,0 +1,247 @@
+"""What the forward-process learners share (docs/math.md §5): they train on the clean samples a rollout made.
+
+A rollout of any plan (ODE with any solver, SDE or CPS kernels for exploration, trees) hands the
+learner its leaves: clean latents x0 [L, *latent], their conditioning rows and their advantages (the
+trainer's rules: group z-scores, GDPO, BranchGRPO's depth-wise values at the leaves, best-of-N). For
+every inner epoch each sample gets K training draws (``learner.train_times``):
+
+- a time t from ``learner.time_sampler``: ``plan`` (K distinct points of the rollout's own grid
+  σ_0 … σ_{T−1}, as DiffusionNFT, AWM and DGPO train), ``uniform`` on [time_min, time_max], or
+  ``logit_normal`` (sigmoid of N(logit_mean, logit_std), then the rollout's time shift, truncated);
+  ``time_min`` / ``time_max`` bound every sampler (DGPO trains only high-noise t);
+- fresh noise ε ~ N(0, I), and x_t = (1 − t)·x0 + t·ε, whose target velocity is u = ε − x0.
+
+Draws are a pure function of (seed, iteration, epoch, prompt slot, leaf node) — of the group instead
+of the node with ``share_draws=group`` (DGPO compares a group's members on the same t and ε) — so a
+resumed run, a different micro-batch size or another number of processes draw the same numbers.
+The velocity is conditional (CFG-free, the papers' default) or the rollout's CFG
+(``learner.train_guidance``). Optimizer steps split whole groups as the transition learner does
+(``train.updates_per_epoch``), micro-batches hold whole groups, and every model call is counted as a
+training forward (the policy's, the old policy's, the reference's, an EMA's) and its backward.
+
+NFT's sampling policy θ_old, AWM's EMA and DGPO's ema_ref are copies of the weights the policy keeps
+(``soft_copy``): θ_c ← λ·θ_c + (1 − λ)·θ with λ = min(rate·(n − delay), max) after n optimizer steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+import samplers
+from flowgrpo.engine.copies import WeightCopy, soft_keep
+from flowgrpo.engine.learners.base import Learner, Rollouts
+from flowgrpo.engine.learners.transition import seeded_permutation
+from flowgrpo.engine.policy import REFERENCE
+
+STREAM_TRAIN_DRAWS = 101  # the (t, ε) draws of forward-process learners (samplers/grids.py streams are 1-4)
+
+
+def soft_copy(policy, name: str, cfg, follows: str) -> WeightCopy:
+    """A copy of the weights on the soft schedule of ``cfg`` (a SoftCopyConfig: rate, max, delay)."""
+    return policy.copy(name, soft_keep(cfg.rate, cfg.max, cfg.delay), follows)
+
+
+@dataclass
+class Sample:
+    """One clean sample of the iteration that trains (its advantage is not NaN)."""
+
+    batch: int  # rollout batch index
+    leaf: int  # row of the batch's record leaves
+    advantage: float  # clipped to ±adv_max
+    group: int  # global advantage group (prompt slot · groups per prompt + local group)
+    key: tuple  # seed parts of its draws: (slot, node) or, with share_draws=group, (slot, group)
+
+
+@dataclass(frozen=True)
+class DrawSpace:
+    """Where an iteration's training draws come from: the rollout's grid and time shift, the latent shape."""
+
+    iteration: int
+    grid: torch.Tensor  # [T] float32, σ_0 … σ_{T−1} of the rollout's plan (no clean endpoint)
+    shift: float | None  # the plan's time shift (logit_normal draws are shifted by it)
+    latent: tuple[int, ...]  # the model's latent shape
+
+    @classmethod
+    def of(cls, rollouts: Rollouts, latent: tuple[int, ...]) -> "DrawSpace":
+        plan = rollouts.plan
+        return cls(rollouts.iteration, plan.sigmas[:-1].to(torch.float32), plan.shift, tuple(latent))
+
+
+class ForwardLearner(Learner):
+    """A learner on the clean samples (see the module docstring); subclasses implement ``micro_loss``."""
+
+    needs_transitions = False
+    contract_metric = ""  # the diagnostic logged at inner epoch 0 (the ratio == 1 or v⁺ = v_old contract)
+
+    def describe(self, leaves_per_prompt: int, trained_per_prompt: int) -> str:
+        t, K = self.cfg.train, self.cfg.learner.train_times
+        rows = t.prompts_per_iteration * leaves_per_prompt * K
+        return (f"training draws (t, ε) per sample: {K} per inner epoch; per iteration: {rows * t.inner_epochs} "
+                f"({t.inner_epochs} epochs of {rows})\n"
+                f"optimizer steps per iteration: {t.inner_epochs} epochs x {t.updates_per_epoch} updates = "
+                f"{t.inner_epochs * t.updates_per_epoch}; ~{rows // t.updates_per_epoch} training rows (sample x draw) "
+                f"per update in micro-batches of about {t.micro_batch} rows (whole groups) per process")
+
+    # ---------------------------------------------------------------- the data
+    def samples(self, rollouts: Rollouts) -> list[Sample]:
+        clip = self.cfg.learner.adv_max
+        out = []
+        for bi, (b, adv) in enumerate(zip(rollouts.batches, rollouts.advantages.leaves)):
+            rec = b.record
+            gpp = rec.groups_per_prompt
+            for i in range(rec.num_leaves):
+                a = float(adv[i])
+                if math.isnan(a):
+                    continue
+                slot = b.slots[int(rec.leaf_prompt[i])]
+                local_group = int(rec.leaf_group[i]) % gpp
+                key = (slot, local_group) if self.cfg.learner.share_draws == "group" else (slot, 1_000_000 + int(rec.leaf_node[i]))
+                out.append(Sample(bi, i, max(-clip, min(clip, a)), slot * gpp + local_group, key))
+        return out
+
+    def draws(self, sample: Sample, epoch: int, space: DrawSpace):
+        """(t [K] float32, ε [K, *latent] float32) of one sample in one inner epoch (CPU draws)."""
+        lc, t_cfg = self.cfg.learner, self.cfg.train
+        gen = samplers.make_generator(STREAM_TRAIN_DRAWS, t_cfg.seed, space.iteration, epoch, *sample.key)
+        K, grid = lc.train_times, space.grid
+        if lc.time_sampler == "plan":
+            candidates = grid[(grid >= lc.time_min) & (grid <= lc.time_max)]
+            if candidates.numel() < K:
+                raise ValueError(
+                    f"learner.train_times={K} but only {candidates.numel()} points of the rollout grid lie in "
+                    f"[time_min={lc.time_min}, time_max={lc.time_max}]; lower train_times or widen the range"
+                )
+            t = candidates[torch.randperm(candidates.numel(), generator=gen)[:K]]
+        elif lc.time_sampler == "uniform":
+            t = lc.time_min + (lc.time_max - lc.time_min) * torch.rand(K, generator=gen, dtype=torch.float64)
+        else:  # logit_normal with the rollout's time shift k, truncated to [time_min, time_max] by inverse CDF:
+            # t = shift(sigmoid(z)), z ~ N(mean, std), is increasing in z, so u ~ U(F(time_min), F(time_max))
+            if space.shift is None:
+                raise ValueError("learner.time_sampler=logit_normal shifts its draws by the plan's time shift, and this "
+                                 "plan has none (build it with compose_plan, or use time_sampler=plan or uniform)")
+            k = float(space.shift)
+
+            def cdf(time: float) -> torch.Tensor:  # P(t ≤ time): unshift, logit, standardise
+                unshifted = torch.tensor(time / (k - (k - 1) * time), dtype=torch.float64)
+                return torch.special.ndtr((torch.logit(unshifted) - lc.logit_mean) / lc.logit_std)
+
+            lo, hi = cdf(lc.time_min), cdf(lc.time_max)
+            u = lo + (hi - lo) * torch.rand(K, generator=gen, dtype=torch.float64)
+            t = samplers.shift_sigmas(torch.sigmoid(lc.logit_mean + lc.logit_std * torch.special.ndtri(u)), k)
+        noise = torch.randn((K,) + space.latent, generator=gen)
+        return t.to(torch.float32), noise
+
+    @property
+    def guidance(self) -> float | None:
+        """The guidance of training calls: conditional (1.0, CFG-free) or the rollout's CFG."""
+        return 1.0 if self.cfg.learner.train_guidance == "conditional" else self.cfg.sampling.guidance_scale
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, cond, weights=None) -> torch.Tensor:
+        """v at (x_t, t): the current weights with gradient, or a copy's / the reference's (``REFERENCE``) without."""
+        return self.policy.velocity(x, t, cond, self.guidance, weights)
+
+    # ---------------------------------------------------------------- the update
+    def update(self, rollouts: Rollouts) -> dict:
+        policy, t_cfg = self.policy, self.cfg.train
+        samples = self.samples(rollouts)
+        self.begin_update(samples)
+        by_group: dict[int, list[int]] = {}
+        for i, s in enumerate(samples):
+            by_group.setdefault(s.group, []).append(i)
+        group_ids = sorted(by_group)
+        space = DrawSpace.of(rollouts, policy.latent_shape)
+        diag: dict[str, list] = {"loss": [], "grad_norm": []}
+        contract: list[float] = []
+        skipped_before, probed = policy.skipped_steps, {}
+        for epoch in range(t_cfg.inner_epochs):
+            order = seeded_permutation(len(group_ids), t_cfg.seed, 13, rollouts.iteration, epoch).tolist()
+            chunks = [[group_ids[i] for i in order[u :: t_cfg.updates_per_epoch]] for u in range(t_cfg.updates_per_epoch)]
+            for u, chunk in enumerate(chunks):
+                self.normaliser = self.normalisation(samples, chunk, by_group)
+                policy.zero_grad()
+                # micro-batches of whole groups, about train.micro_batch rows each (a gradient-noise probe: at
+                # least two, up to four, so each is a small-batch gradient over its prompts)
+                limit = t_cfg.micro_batch
+                if policy.probe.active:
+                    limit = min(limit, -(-sum(len(by_group[g]) for g in chunk) * self.cfg.learner.train_times // 4))
+                micro, rows = [], 0
+                for g in chunk + [None]:
+                    if g is not None:
+                        micro.append(g)
+                        rows += len(by_group[g]) * self.cfg.learner.train_times
+                    if micro and (g is None or rows >= limit):
+                        members = [samples[i] for h in micro for i in by_group[h]]
+                        loss, d = self.micro_loss(members, rollouts.batches, epoch, space, first=epoch == 0 and u == 0)
+                        policy.backward(loss, len({s.key[0] for s in members}))
+                        diag["loss"].append(loss.detach().reshape(1))
+                        for key, value in d.items():
+                            diag.setdefault(key, []).append(value.detach().float().reshape(-1).cpu())
+                        if epoch == 0 and u == 0 and self.contract_metric:
+                            contract.append(float(d[self.contract_metric].max()))
+                        micro, rows = [], 0
+                norm, probed = policy.step(len({samples[i].key[0] for g in chunk for i in by_group[g]}))
+                diag["grad_norm"].append(torch.tensor([norm]))
+        cat = {k: torch.cat(v) for k, v in diag.items() if v}
+        metrics = {
+            "loss": float(cat["loss"].sum()) / max(1, t_cfg.inner_epochs) if "loss" in cat else 0.0,
+            "grad_norm": float(cat["grad_norm"].mean()) if "grad_norm" in cat else 0.0,
+            "trained_samples": int(policy.gather(torch.tensor([len(samples)])).sum()),
+            "skipped_steps": policy.skipped_steps - skipped_before,
+        }
+        metrics.update({f"{self.name}/{k}": float(v.mean()) for k, v in cat.items() if k not in ("loss", "grad_norm")})
+        if self.contract_metric:
+            metrics[f"{self.contract_metric}_epoch0"] = max(contract) if contract else 0.0
+        metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
+        return metrics
+
+    def normalisation(self, samples: list[Sample], chunk: list[int], by_group: dict) -> float:
+        """The loss of one optimizer step is a mean over its training rows (sample × draw), over all processes."""
+        rows = sum(len(by_group[g]) for g in chunk) * self.cfg.learner.train_times
+        return float(self.policy.gather(torch.tensor([rows])).sum())
+
+    def rows(self, members: list[Sample], batches: list, epoch: int, space: DrawSpace):
+        """The micro-batch's training rows: x0, x_t, t, u = ε − x0, the conditioning rows, advantages [R]
+        and each row's sample index into ``members`` (rows are sample-major, K per sample)."""
+        device, K, latent = self.policy.device, self.cfg.learner.train_times, space.latent
+        x0, ts, noise, conds = [], [], [], []
+        for s in members:
+            rec = batches[s.batch].record
+            t, eps = self.draws(s, epoch, space)
+            x0.append(rec.leaf_state[s.leaf].unsqueeze(0).expand((K,) + latent))
+            ts.append(t)
+            noise.append(eps)
+            conds.append(int(rec.prompt_cond[rec.leaf_prompt[s.leaf]]))
+        x0 = torch.cat(x0).to(device, torch.float32)
+        t = torch.cat(ts).to(device)
+        eps = torch.cat(noise).to(device)
+        column = t.view((-1,) + (1,) * len(latent))
+        x_t = (1 - column) * x0 + column * eps
+        adv = torch.tensor([s.advantage for s in members], device=device).repeat_interleave(K)
+        index = torch.arange(len(members), device=device).repeat_interleave(K)
+        cond_rows = torch.tensor(conds).repeat_interleave(K)
+        cond = self._conditioning(members, batches, cond_rows)
+        return x0, x_t, t, eps - x0, cond, adv, index
+
+    def _conditioning(self, members, batches, cond_rows):
+        """Conditioning rows in member order (a micro-batch may hold groups of several rollout batches)."""
+        K, out, start = self.cfg.learner.train_times, None, 0
+        while start < len(members):
+            end = start
+            while end < len(members) and members[end].batch == members[start].batch:
+                end += 1
+            part = batches[members[start].batch].cond.select(cond_rows[start * K : end * K])
+            out = part if out is None else out.concat(part)
+            start = end
+        return out
+
+    # ---------------------------------------------------------------- the method
+    def begin_update(self, samples: list[Sample]) -> None:
+        """Called once per iteration before the first optimizer step (e.g. snapshot the rollout weights)."""
+
+    def micro_loss(self, members: list[Sample], batches: list, epoch: int, space: DrawSpace,
+                   first: bool) -> tuple[torch.Tensor, dict]:
+        """The summed, normalised loss of a micro-batch of whole groups, and per-row diagnostics."""
+        raise NotImplementedError

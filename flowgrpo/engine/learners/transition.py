@@ -1,0 +1,181 @@
+"""The transition learner: the denoising-MDP GRPO loss on stored SDE transitions (docs/math.md §3).
+
+For every trained transition (sample i, step j) of the rollout, μ_θ is recomputed from the stored
+state with the very kernel the rollout used (flowgrpo.likelihood: PyTorch reference or the fused op), the
+ratio ρ = exp(lp_θ − lp_old) (plain, or GRPO-Guard's normalised one) is PPO-clipped against the
+advantage of the transition's x' node, multiplied by the plan's weight (TempFlow) and the step weight
+(GRPO-Guard 1/Δ, SAGE's equaliser), KL terms are added (reference: exact or Flow-GRPO's variant;
+SAGE: a moving anchor and the rollout policy), normalised per group or tree, accumulated over
+micro-batches and stepped. Flow-GRPO (Liu et al. 2025), DanceGRPO, MixGRPO, BranchGRPO, TempFlow-GRPO,
+GRPO-Guard and SAGE-GRPO all train this way; they differ in their plans and these options.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import samplers
+from flowgrpo import likelihood
+from flowgrpo.engine.copies import refresh_every
+from flowgrpo.engine.learners.base import Learner, Rollouts
+from flowgrpo.engine.loss import clipped_policy_loss, gaussian_kl, step_weights
+from flowgrpo.engine.policy import REFERENCE
+
+
+def seeded_permutation(n: int, *parts: int) -> torch.Tensor:
+    return torch.randperm(n, generator=samplers.make_generator(*parts))
+
+
+class TransitionLearner(Learner):
+    name = "transition"
+    needs_transitions = True
+
+    def __init__(self, cfg, policy):
+        super().__init__(cfg, policy)
+        loss = cfg.loss
+        # SAGE's moving anchor: a copy of the policy refreshed every loss.anchor_refresh optimizer steps
+        self.anchor = policy.copy("anchor", refresh_every(loss.anchor_refresh)) if loss.anchor_kl_coef > 0 else None
+
+    @property
+    def store_mean(self) -> bool:
+        return self.cfg.loss.ratio == "guard" or self.cfg.loss.rollout_kl_coef > 0
+
+    def describe(self, leaves_per_prompt: int, trained_per_prompt: int) -> str:
+        t = self.cfg.train
+        transitions = t.prompts_per_iteration * trained_per_prompt
+        return (f"trained transitions per prompt: {trained_per_prompt}; per iteration: {transitions}\n"
+                f"optimizer steps per iteration: {t.inner_epochs} epochs x {t.updates_per_epoch} updates = "
+                f"{t.inner_epochs * t.updates_per_epoch}; ~{transitions // t.updates_per_epoch} transitions per update "
+                f"in micro-batches of {t.micro_batch} per process")
+
+    def update(self, rollouts: Rollouts) -> dict:
+        policy, cfg, t = self.policy, self.cfg, self.cfg.train
+        batches = rollouts.batches
+        rows = []  # (batch, row, advantage, coefficient, group, prompt slot)
+        for bi, (b, adv) in enumerate(zip(batches, rollouts.advantages.transitions)):
+            rec = b.record
+            weights = rec.loss_weight * step_weights(cfg.loss.step_weight, rec.kernel_names(), rec.sigma, rec.sigma_next, rec.eta)
+            slots = torch.tensor(b.slots)[rec.prompt.cpu()]
+            groups = (slots * rec.groups_per_prompt + rec.group.cpu() % rec.groups_per_prompt).tolist()
+            slots = slots.tolist()
+            for r in range(rec.num_transitions):
+                if not math.isnan(float(adv[r])):
+                    rows.append((bi, r, float(adv[r]), float(weights[r]), groups[r], slots[r]))
+        # normalisation: each group (or tree) weighs the same, whatever its number of transitions
+        counts: dict[int, int] = {}
+        for row in rows:
+            counts[row[4]] = counts.get(row[4], 0) + 1
+        total_groups = int(policy.gather(torch.tensor([len(counts)])).sum())
+        total_rows = int(policy.gather(torch.tensor([len(rows)])).sum())
+        coef = [w / (counts[g] * max(1, total_groups)) if cfg.loss.normalize == "group" else w / max(1, total_rows)
+                for (_, _, _, w, g, _) in rows]
+        diag: dict[str, list] = {"loss": [], "log_ratio": [], "ratio_dev_epoch0": [], "clipped_high": [], "clipped_low": [],
+                                 "approx_kl": [], "grad_norm": [], "step": [], "kl": []}
+        group_ids = sorted(counts)
+        skipped_before, probed = policy.skipped_steps, {}
+        for epoch in range(t.inner_epochs):
+            order = seeded_permutation(len(group_ids), t.seed, 11, rollouts.iteration, epoch).tolist()
+            chunks = [set(group_ids[i] for i in order[u :: t.updates_per_epoch]) for u in range(t.updates_per_epoch)]
+            for u, chunk in enumerate(chunks):
+                selected = [i for i, row in enumerate(rows) if row[4] in chunk]
+                policy.zero_grad()
+                for part in self._micro_batches(selected, rows, t.micro_batch, policy.probe.active):
+                    loss, d = self._micro_step([rows[i] for i in part], [coef[i] * t.updates_per_epoch for i in part], batches)
+                    policy.backward(loss, len({rows[i][5] for i in part}))
+                    for key in ("log_ratio", "clipped_high", "clipped_low", "approx_kl", "kl"):
+                        diag[key].append(d[key])
+                    diag["step"].append(d["step"])
+                    diag["loss"].append(loss.detach().reshape(1))
+                    if epoch == 0 and u == 0:
+                        diag["ratio_dev_epoch0"].append(d["ratio_dev"])
+                norm, probed = policy.step(len({rows[i][5] for i in selected}))
+                diag["grad_norm"].append(torch.tensor([norm]))
+        cat = {k: torch.cat(v) if v else torch.zeros(0) for k, v in diag.items()}
+        metrics = {
+            "loss": float(cat["loss"].sum()) / max(1, t.inner_epochs),
+            "max_abs_ratio_minus_1_epoch0": float(cat["ratio_dev_epoch0"].max()) if cat["ratio_dev_epoch0"].numel() else 0.0,
+            "clip_frac_high": float(cat["clipped_high"].mean()) if cat["clipped_high"].numel() else 0.0,
+            "clip_frac_low": float(cat["clipped_low"].mean()) if cat["clipped_low"].numel() else 0.0,
+            "approx_kl": float(cat["approx_kl"].mean()) if cat["approx_kl"].numel() else 0.0,
+            "kl_ref": float(cat["kl"].mean()) if cat["kl"].numel() else 0.0,
+            "grad_norm": float(cat["grad_norm"].mean()) if cat["grad_norm"].numel() else 0.0,
+            "trained_transitions": total_rows,
+            "skipped_steps": policy.skipped_steps - skipped_before,  # optimizer steps without gradient, not taken
+        }
+        metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
+        for s in cat["step"].unique().tolist() if cat["step"].numel() else []:
+            lr = cat["log_ratio"][cat["step"] == s]
+            metrics[f"log_ratio_step{s}/mean"] = float(lr.mean())
+            metrics[f"log_ratio_step{s}/std"] = float(lr.std()) if lr.numel() > 1 else 0.0
+        return metrics
+
+    @staticmethod
+    def _micro_batches(selected: list[int], rows: list[tuple], size: int, by_prompt: bool) -> list[list[int]]:
+        """Row indices per micro-batch: ``size`` rows each; for a gradient-noise probe, whole prompts instead,
+        in at least two (up to four) micro-batches, so each is a small-batch gradient over its prompts."""
+        if not by_prompt:
+            return [selected[i : i + size] for i in range(0, len(selected), size)]
+        prompts: dict[int, list[int]] = {}
+        for i in selected:
+            prompts.setdefault(rows[i][5], []).append(i)
+        order = list(prompts)
+        parts = max(1, min(4, len(order)))
+        per = -(-len(order) // parts)
+        return [[i for slot in order[k : k + per] for i in prompts[slot]] for k in range(0, len(order), per)]
+
+    def _micro_step(self, rows, coefs, batches):
+        policy, cfg = self.policy, self.cfg
+        device, guidance = policy.device, cfg.sampling.guidance_scale
+        by_batch: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_batch.setdefault(row[0], []).append(i)
+        total = torch.zeros((), device=device)
+        out = {k: [] for k in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl", "kl", "step")}
+        for bi, members in by_batch.items():
+            b, rec = batches[bi], batches[bi].record
+            r = torch.tensor([rows[i][1] for i in members])
+            adv = torch.tensor([rows[i][2] for i in members], device=device)
+            c = torch.tensor([coefs[i] for i in members], device=device)
+            x, sigma, cond = rec.state[r], rec.sigma[r], b.cond.select(rec.cond_index[r])
+            # μ = a·x + b·v per row with the rollout's kernel; std rounded as the rollout rounded it,
+            # so that lp_θ − lp_old is exactly 0 at the rollout policy (reference backend)
+            a, bv, std = likelihood.transition_coefficients(rec.kernel[r], sigma, rec.sigma_next[r], rec.eta[r])
+            std = std.to(samplers.compute_dtype(x.dtype))
+            # every no-gradient call first: a copy's weights are swapped into the parameters in place
+            anchor_v = policy.velocity(x, sigma, cond, guidance, weights=self.anchor) if self.anchor is not None else None
+            ref_v = policy.velocity(x, sigma, cond, guidance, weights=REFERENCE) if cfg.loss.kl_coef > 0 else None
+            v = policy.velocity(x, sigma, cond, guidance)
+            mean_old = rec.mean[r] if rec.mean is not None else None
+            extra_kl = anchor_v is not None or cfg.loss.rollout_kl_coef > 0
+            terms = likelihood.transition_terms(
+                x, v, rec.next_state[r], a, bv, std, mu_old=mean_old, v_ref=ref_v, reduce=cfg.sampling.reduce,
+                return_mean=extra_kl, backend=cfg.loss.likelihood_backend,
+            )
+            log_ratio_plain = terms.log_prob - rec.log_prob[r].to(terms.log_prob)
+            if cfg.loss.ratio == "guard":
+                if terms.guard is None:
+                    raise ValueError("loss.ratio=guard needs μ_old stored in the rollout (the learner asks for it)")
+                log_ratio = terms.guard
+            else:
+                log_ratio = log_ratio_plain
+            loss, d = clipped_policy_loss(log_ratio, log_ratio_plain, adv, cfg.loss.clip_range)
+            kl = torch.zeros_like(loss)
+            if ref_v is not None:
+                kl_ref = terms.kl
+                if cfg.loss.kl_form == "flow_grpo":
+                    kl_ref = kl_ref * (rec.sigma_next[r] - sigma).abs().to(kl_ref)
+                kl = kl + cfg.loss.kl_coef * kl_ref
+            if anchor_v is not None:
+                anchor_mean = likelihood.kernel_mean(x, anchor_v, a, bv)
+                kl = kl + cfg.loss.anchor_kl_coef * gaussian_kl(terms.mean, anchor_mean, std, cfg.sampling.reduce)
+            if cfg.loss.rollout_kl_coef > 0:
+                kl = kl + cfg.loss.rollout_kl_coef * gaussian_kl(terms.mean, mean_old.to(terms.mean), std, cfg.sampling.reduce)
+            # coefficients are normalised over all processes, so summing gradients over them is exact
+            total = total + (c * (loss + kl)).sum()
+            for key in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl"):
+                out[key].append(d[key].float().cpu())
+            out["kl"].append(kl.detach().float().cpu())
+            out["step"].append(rec.step[r].cpu())
+        return total, {k: torch.cat(v) for k, v in out.items()}

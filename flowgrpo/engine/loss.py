@@ -1,0 +1,74 @@
+"""The per-transition GRPO loss of the denoising MDP (docs/math.md §3), given the log-ratios.
+
+For trained transition t (sample i, step j) with advantage A and log-ratio log ρ (plain: lp_θ − lp_old;
+GRPO-Guard's normalised one: reduce_D(ε_s·δ), both from flowgrpo.likelihood):
+  L = max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε)) · step weight, plus KL terms.
+``clipped_policy_loss`` returns the per-transition loss and the diagnostics the learner logs (clip
+fractions split by ρ > 1 and ρ < 1, approximate KL); ``ppo_clip`` is the clip alone (AWM's learner uses
+it too); ``gaussian_kl`` the KL between two kernels of one std (SAGE's anchor and rollout terms);
+``step_weights`` the per-transition multipliers (GRPO-Guard's 1/Δ, SAGE's equaliser). All math in fp32
+(float64 inputs stay float64).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from samplers import kernel_coefficients
+
+
+def _reduce(values: torch.Tensor, reduce: str) -> torch.Tensor:
+    flat = values.flatten(1)
+    return flat.mean(1) if reduce == "mean" else flat.sum(1)
+
+
+def ppo_clip(ratio: torch.Tensor, advantages: torch.Tensor, clip_range: float) -> torch.Tensor:
+    """max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε)), per transition."""
+    return torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - clip_range, 1 + clip_range))
+
+
+def gaussian_kl(mean_a, mean_b, std, reduce: str) -> torch.Tensor:
+    """KL between N(μ_a, s²) and N(μ_b, s²) per element, reduced: reduce_D((μ_a − μ_b)²)/(2s²)."""
+    return _reduce((mean_a - mean_b) ** 2, reduce) / (2 * std**2)
+
+
+def step_weights(kind: str, kernels: list[str], sigma, sigma_next, eta) -> torch.Tensor:
+    """Per-transition loss multipliers: none | inv_delta (GRPO-Guard: 1/Δ) | sage (SAGE's
+    gradient-norm equaliser median_k(g)/g_k with g_k = |∂μ/∂v|/s_k from the kernel's coefficients)."""
+    n = sigma.shape[0]
+    if kind == "none":
+        return torch.ones(n, dtype=torch.float32, device=sigma.device)
+    if kind == "inv_delta":
+        return (1.0 / (sigma.double() - sigma_next.double())).float()
+    if kind == "sage":
+        g = torch.empty(n, dtype=torch.float64, device=sigma.device)
+        for name in set(kernels):
+            rows = torch.tensor([k == name for k in kernels], device=sigma.device)
+            _, b, s = kernel_coefficients(name, sigma[rows].double(), sigma_next[rows].double(), eta[rows].double())
+            g[rows] = (b.abs() / s).double()
+        # median over the distinct steps (not over rows: a step with more transitions must not count
+        # more), interpolated for an even number of steps
+        _, first = torch.unique(torch.stack([sigma.double(), sigma_next.double()], 1), dim=0, return_inverse=True)
+        per_step = torch.zeros(int(first.max()) + 1, dtype=torch.float64, device=g.device).index_copy_(0, first, g)
+        return (torch.quantile(per_step, 0.5) / g).float()
+    raise ValueError(f"step_weight={kind!r}; use none, inv_delta or sage")
+
+
+def clipped_policy_loss(
+    log_ratio: torch.Tensor,  # [M] the ratio used (plain or GRPO-Guard), with grad
+    log_ratio_plain: torch.Tensor,  # [M] lp_θ − lp_old (for the approximate KL diagnostic)
+    advantages: torch.Tensor,  # [M]
+    clip_range: float,
+) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped loss [M] from log-ratios, and diagnostics (tensors [M], detached)."""
+    ratio = torch.exp(log_ratio)
+    loss = ppo_clip(ratio, advantages.to(ratio), clip_range)
+    with torch.no_grad():
+        diag = {
+            "log_ratio": log_ratio.detach(),
+            "ratio_dev": (ratio - 1).abs().detach(),
+            "clipped_high": (ratio > 1 + clip_range).float(),  # ρ above the trust region
+            "clipped_low": (ratio < 1 - clip_range).float(),  # ρ below it
+            "approx_kl": 0.5 * log_ratio_plain.detach() ** 2,
+        }
+    return loss, diag

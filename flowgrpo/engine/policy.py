@@ -1,0 +1,189 @@
+"""The policy: the trainable model, every copy of its weights, and the services a learner needs.
+
+A learner (flowgrpo/engine/learners/) sees the training run only through this object:
+
+    policy.velocity(x, sigma, cond, guidance)                   v with the current weights (with gradient)
+    policy.velocity(..., weights=copy) / weights=REFERENCE      v of a copy / of the reference policy (no gradient)
+    policy.copy(name, keep, follows)                            a new copy of the weights (flowgrpo/engine/copies.py)
+    policy.zero_grad(); policy.backward(loss, prompts); policy.step(prompts)
+    policy.gather(tensor)                                       a tensor from every process, concatenated
+    policy.probe.active                                         whether this step measures the gradient noise
+    policy.optimizer_steps, policy.skipped_steps, policy.latent_shape, policy.device
+
+It owns the weights: the parameters and optimizer, every ``WeightCopy`` (the evaluation EMA, NFT's sampling
+policy, AWM's EMA and rollout weights, DGPO's ema_ref, SAGE's anchor), the reference policy (the model's
+adapter disabled, or its frozen copy), and so their checkpoint tensors. Every model call a learner makes
+through it is counted (``nfe``: train_forward per row, and train_backward for the calls with gradient), and
+the copies that follow the weights are updated here, after each optimizer step or iteration, never by
+the learners. The training loop (flowgrpo/engine/trainer.py) builds it and calls ``end_iteration``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+
+import torch
+
+import samplers
+from flowgrpo.engine.copies import WeightCopy
+from flowgrpo.engine.noise_scale import GradientProbe
+
+REFERENCE = "reference"  # weights=REFERENCE: the reference policy (the base model)
+
+
+class Policy:
+    """The trainable model and every copy of its weights (see the module docstring)."""
+
+    def __init__(self, model, accelerator, *, learning_rate: float, weight_decay: float, adam_betas: Sequence[float],
+                 grad_clip: float):
+        self.model, self.acc = model, accelerator
+        self.world = accelerator.num_processes
+        self.params = model.trainable_parameters()
+        self.names = [f"p{i}" for i in range(len(self.params))]
+        self.optimizer = torch.optim.AdamW(self.params, lr=learning_rate, weight_decay=weight_decay,
+                                           betas=tuple(adam_betas))
+        self.grad_clip = grad_clip
+        self.copies: dict[str, WeightCopy] = {}
+        self.nfe = samplers.NFECounter()
+        self.probe = GradientProbe(self.params)  # the gradient noise scale (log.grad_noise_every)
+        self.optimizer_steps, self.skipped_steps = 0, 0
+
+    # ---------------------------------------------------------------- what the model is
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def latent_shape(self) -> tuple[int, ...]:
+        return tuple(self.model.latent_shape())
+
+    # ---------------------------------------------------------------- copies of the weights
+    def copy(self, name: str, keep: Callable[[int], float] | float = 0.0, follows: str = "step",
+             saved: bool = True) -> WeightCopy:
+        """A new copy of the current weights, followed by this policy (``follows``: "step", "iteration",
+        "never"); its checkpoint tensors are ``<name>.p0`` ... when ``saved``."""
+        if name in self.copies or name in ("weights", "optim"):
+            raise ValueError(f"a copy of the weights called {name!r} exists already")
+        self.copies[name] = WeightCopy(name, self.params, keep, follows, saved)
+        return self.copies[name]
+
+    def using(self, copy: WeightCopy | None):
+        """A context in which the parameters hold ``copy``'s values (None: the current weights)."""
+        return nullcontext() if copy is None else copy.swapped_into(self.params)
+
+    def _follow(self, when: str) -> None:
+        for copy in self.copies.values():
+            if copy.follows == when:
+                copy.follow(self.params, self.optimizer_steps)
+
+    def end_iteration(self) -> None:
+        """The copies that follow once per iteration follow now (after the iteration's update)."""
+        self._follow("iteration")
+
+    # ---------------------------------------------------------------- model calls
+    def autocast(self):
+        """Mixed precision (train.mixed_precision) through accelerate."""
+        return self.acc.autocast()
+
+    def velocity_fn(self, cond, guidance_scale: float | None) -> Callable:
+        """``velocity(x, sigma, cond_index)`` of the current weights for a rollout (samplers.rollout)."""
+        f = self.model.velocity_fn(cond, guidance_scale)
+
+        def under_autocast(x, sigma, cond_index):
+            with self.acc.autocast():
+                return f(x, sigma, cond_index)
+
+        return under_autocast
+
+    def velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond, guidance_scale: float | None,
+                 weights: WeightCopy | str | None = None) -> torch.Tensor:
+        """v at (x [N, *latent], sigma [N]) for conditioning rows ``cond``: the current weights with gradient
+        (``weights=None``), or without gradient a copy's weights or the reference policy (``REFERENCE``)."""
+        rows = x.shape[0]
+        if weights is None:
+            with self.acc.autocast():
+                v = self.model.velocity(x, sigma, cond, guidance_scale)
+            self.nfe.add("train_forward", rows)
+            self.nfe.add("train_backward", rows)
+            return v
+        context = self.model.reference() if weights == REFERENCE else self.using(weights)
+        with torch.no_grad(), context, self.acc.autocast():
+            v = self.model.velocity(x, sigma, cond, guidance_scale)
+        self.nfe.add("train_forward", rows)
+        return v
+
+    # ---------------------------------------------------------------- gradients and steps
+    def zero_grad(self) -> None:
+        """Start an optimizer step (and, when probing, its per-micro-batch gradients)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.probe.begin_step()
+
+    def backward(self, loss: torch.Tensor, prompts: int = 0) -> None:
+        """``loss.backward()`` through accelerate (the network's share timed by ``model.call_timer``);
+        ``prompts``: how many prompts this micro-batch covers (the gradient noise probe's unit)."""
+        with self.model.call_timer.backward():
+            self.acc.backward(loss)
+        self.probe.after_backward(prompts)
+
+    def step(self, prompts: int = 0) -> tuple[float, dict]:
+        """Sum gradients over processes, clip, and take the optimizer step; then the copies that follow
+        every step follow. Returns (gradient norm, the probe's metrics of this step). A step without
+        gradient (every group's rewards tied) is skipped and counted: Adam would move the weights on its
+        momentum alone (measured on the analytic world: a converged policy drifted off its target and
+        collapsed after a few such steps)."""
+        probed = self.probe.end_step(prompts)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.world > 1:
+            for g in grads:
+                torch.distributed.all_reduce(g)
+        if self.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) if grads else torch.tensor(0.0)
+        if float(norm) == 0.0:
+            self.skipped_steps += 1
+            return 0.0, probed
+        self.optimizer.step()
+        self.optimizer_steps += 1
+        self._follow("step")
+        return float(norm), probed
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` of every process, concatenated in rank order (itself on one process); on the CPU."""
+        if self.world == 1:
+            return tensor
+        return self.acc.gather(tensor.to(self.acc.device)).cpu()
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the weights: ``weights.*``, the optimizer's ``optim.*``, each saved copy's ``<name>.*``."""
+        from flowgrpo.run.checkpoint import optimizer_to_flat
+
+        tensors = {f"weights.{n}": p for n, p in zip(self.names, self.params)}
+        tensors.update(optimizer_to_flat(self.optimizer)[0])
+        for copy in self.copies.values():
+            if copy.saved:
+                tensors.update(copy.named(self.names))
+        return tensors
+
+    def state_dict(self) -> dict:
+        from flowgrpo.run.checkpoint import optimizer_to_flat
+
+        return {"optimizer": optimizer_to_flat(self.optimizer)[1], "optimizer_steps": self.optimizer_steps}
+
+    def load_state(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
+        """Restore what ``state_tensors`` and ``state_dict`` saved (the copies and parameters in place)."""
+        from flowgrpo.run.checkpoint import optimizer_from_flat
+
+        with torch.no_grad():
+            for n, p in zip(self.names, self.params):
+                p.copy_(tensors[f"weights.{n}"])
+        for copy in self.copies.values():
+            if copy.saved:
+                copy.load_named(tensors, self.names)
+        optimizer_from_flat(self.optimizer, tensors, state["optimizer"])
+        self.optimizer_steps = state["optimizer_steps"]
+
+
+__all__ = ["Policy", "REFERENCE"]

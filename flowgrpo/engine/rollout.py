@@ -1,0 +1,94 @@
+"""The SAMPLE phase: an iteration's prompts, rolled out by its plan, decoded, and sent to the rewards.
+
+Each process samples whole prompts (with their groups): the iteration's P global prompt slots are
+split into ``sampling.batches_per_iteration`` rollout batches and dealt round-robin to the processes
+(``iteration_slots``); which prompt fills a slot is a pure function of (seed, iteration, slot)
+(``flowgrpo.data.draw_prompt``: uniform passes, or balanced over ``train.balance_by``). The plan's
+tree executor (``samplers.rollout``) runs each batch with the weights the learner samples with; the
+leaves are decoded in chunks and each chunk goes to the rewards' worker thread at once, so scoring
+overlaps the next chunk's decode and the next batch's sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import samplers
+from flowgrpo.data import draw_prompt
+
+
+@dataclass
+class Batch:
+    """One rollout batch of this process: its record, conditioning and prompts."""
+
+    record: samplers.Trajectory
+    cond: object  # Conditioning rows of this batch's prompts (record.cond_index points into it)
+    slots: list[int]  # global prompt slot of each prompt row in the iteration
+    texts: list[str]
+    metadata: list[dict]
+    images: torch.Tensor  # [L, 3, H, W] leaves decoded, in [0, 1] ([L, F, 3, H, W] for video models)
+    rewards: list = None  # Futures of RewardResult, one per decoded chunk of leaves, in leaf order
+
+
+class PromptDraws:
+    """Which prompts an iteration samples on this process (whole prompts per rank)."""
+
+    def __init__(self, prompts: list[str], metadata: list[dict], strata: dict | None, train, batches: int,
+                 rank: int, world: int):
+        self.prompts, self.metadata = prompts, metadata
+        self.groups = strata and list(strata.values())
+        self.per_iteration, self.seed, self.batches = train.prompts_per_iteration, train.seed, batches
+        self.rank, self.world = rank, world
+
+    def iteration_slots(self, iteration: int) -> list[list[int]]:
+        """Global prompt slots of each rollout batch for this process."""
+        per = self.per_iteration // self.batches
+        return [list(range(b * per, (b + 1) * per))[self.rank :: self.world] for b in range(self.batches)]
+
+    def dataset_index(self, iteration: int, slot: int) -> int:
+        """Which prompt fills a slot (data.draw_prompt: uniform passes, or balanced over train.balance_by)."""
+        return draw_prompt(iteration * self.per_iteration + slot, len(self.prompts), self.seed, self.groups)
+
+
+@torch.no_grad()
+def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, cfg, modality: str) -> list[Batch]:
+    """Roll out, decode and submit for scoring every batch of ``iteration`` on this process.
+
+    ``learner`` says which weights sample (``sampling_copy``) and what the record keeps
+    (``needs_transitions``, ``store_mean``); ``cfg`` is the run's config."""
+    model, sampling = policy.model, cfg.sampling
+    batches = []
+    for slots in draws.iteration_slots(iteration):
+        idx = [draws.dataset_index(iteration, s) for s in slots]
+        texts, metadata = [draws.prompts[i] for i in idx], [draws.metadata[i] for i in idx]
+        cond = model.encode_prompts(texts)
+        with policy.using(learner.sampling_copy):
+            record = samplers.rollout(
+                policy.velocity_fn(cond, sampling.guidance_scale), plan, prompt_ids=slots,
+                latent_shape=model.latent_shape(), seed=cfg.train.seed, iteration=iteration, dtype=model.dtype,
+                device=model.device, max_batch=sampling.max_batch, store_mean=learner.store_mean,
+                reduce=sampling.reduce, nfe=policy.nfe, transitions=learner.needs_transitions,
+            )
+        if not bool(torch.isfinite(record.leaf_state).all()):
+            raise RuntimeError(
+                f"the policy's samples are NaN or inf at iteration {iteration}: training diverged; lower "
+                f"train.learning_rate (now {cfg.train.learning_rate:g}) or keep train.grad_clip on, and restart from a "
+                f"checkpoint of {cfg.run_dir / 'checkpoints'} (or with resume=false)"
+            )
+        chunk = 64 if modality == "image" else 8  # a decoded video weighs F images
+        leaf_texts = [texts[p] for p in record.leaf_prompt.tolist()]
+        leaf_meta = [metadata[p] for p in record.leaf_prompt.tolist()]
+        # each decoded chunk goes to the rewards (a worker thread) at once, so scoring overlaps the next
+        # chunk's decode (measured on 2 cores: the reward wait of TempFlow's 400-odd leaves and of the video
+        # default's 64 clips falls from 0.2-0.3 s to one chunk's scoring, benchmarks/bench_overhead.py)
+        media, scores = [], []
+        for i in range(0, record.num_leaves, chunk):
+            media.append(model.decode(record.leaf_state[i : i + chunk]).cpu())
+            scores.append(scoring.submit(media[-1], leaf_texts[i : i + chunk], leaf_meta[i : i + chunk]))
+        batches.append(Batch(record, cond, slots, texts, metadata, torch.cat(media), scores))
+    return batches
+
+
+__all__ = ["Batch", "PromptDraws", "sample"]

@@ -1,0 +1,46 @@
+"""User errors: bad input that the user fixes (a config key, a prompts file, a reward name, a path), as
+opposed to a bug.
+
+Every such error is a :class:`UserError` (:class:`ConfigError` and
+``flowgrpo.data.PromptFileError`` are ones) whose message names the fix. The entry points
+(train_t2i.py / train_t2v.py through flowgrpo/cli/train.py, and the ``flowgrpo`` command) print it as one
+line, ``<program>: error: <message>``, and exit with status 2, without a traceback unless ``--debug``.
+docs/errors.md lists every class of bad input with its message.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """Bad input; the message names what is wrong and how to fix it."""
+
+
+class ConfigError(UserError, ValueError):
+    """A bad configuration; the message names the key, the value and the fix."""
+
+
+def reward_class(name: str, where: str):
+    """The reward class ``name`` refers to (a registered name or ``package.module:Class``), imported but
+    not built; a :class:`UserError` naming ``where`` (the config key or option) when there is none."""
+    from rewards import REGISTRY, Reward
+    from rewards.common import import_object
+
+    target = REGISTRY.get(name, name)
+    if not isinstance(name, str) or (":" not in target and "." not in target):
+        close = difflib.get_close_matches(str(name), list(REGISTRY), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UserError(f"unknown reward {name!r} in {where}; {hint}use a registered reward ({', '.join(sorted(REGISTRY))}) "
+                        "or a dotted path such as 'my_package.my_module:MyReward'")
+    try:
+        cls = import_object(target)
+    except ValueError as exc:
+        cause = exc.__cause__ or exc
+        raise UserError(f"cannot import reward {name!r} ({where}): {cause}; check the module path and that its "
+                        "package is installed (docs/rewards.md)") from None
+    if not (isinstance(cls, type) and issubclass(cls, Reward)):
+        raise UserError(f"{name!r} ({where}) is not a reward: name a rewards.base.Reward subclass (docs/rewards.md)")
+    return cls

@@ -1,0 +1,1 @@
+"""The toy worlds: images of coloured shapes (``scenes``) and videos of them moving (``clips``); docs/toy_world.md."""
