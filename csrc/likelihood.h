@@ -1,5 +1,5 @@
 // likelihood.h: the math of the fused transition op, shared by the CPU (likelihood.cpp) and CUDA
-// (likelihood_cuda.cu) implementations, so both run the very same formulas (MATH.md §1, §3).
+// (likelihood_cuda.cu) implementations, so both run the very same formulas (docs/math.md §1, §3).
 //
 // Per sample n (row of D latent elements) with per-sample a, b, s (float64):
 //   μ = a·x + b·v                                      compute dtype C (float32; float64 for float64)

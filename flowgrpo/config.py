@@ -13,6 +13,7 @@ numbers fail with an error that prints them. ``describe_batches`` is logged at s
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +110,7 @@ class DGPOConfig:
 @dataclass
 class LearnerConfig:
     # the update rule (flowgrpo/engine/learners/): transition (the denoising-MDP GRPO loss on stored SDE transitions,
-    # MATH.md §3: every plan preset) | diffusion_nft | awm | dgpo (forward-process learners on the clean samples, §5)
+    # docs/math.md §3: every plan preset) | diffusion_nft | awm | dgpo (forward-process learners on the clean samples, §5)
     name: str = "transition"
     # --- forward-process learners: K training draws (t, ε) per sample and inner epoch, x_t = (1 − t)·x0 + t·ε
     train_times: int = 4  # K
@@ -211,6 +212,10 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
 
+
+# plans renamed to their preset's name (a method has one name: its preset file's)
+RENAMED_METHODS = {"dance_grpo": "dancegrpo", "sage_grpo": "sage", "branch_grpo": "branchgrpo",
+                   "branch_grpo_mix": "branchgrpo_mix", "tempflow_grpo": "tempflow"}
 
 # the learners of flowgrpo/engine/learners/ (its LEARNERS registry; tests/engine/test_learners.py keeps the two equal)
 LEARNER_NAMES = ("transition", "diffusion_nft", "awm", "dgpo")
@@ -332,7 +337,10 @@ def validate(cfg: Config) -> None:
     if cfg.learner.name not in LEARNER_NAMES:
         raise ConfigError(f"learner.name={cfg.learner.name!r} is unknown; use one of {sorted(LEARNER_NAMES)}")
     if cfg.sampling.method not in samplers.METHOD_PRESETS:
-        raise ConfigError(f"sampling.method={cfg.sampling.method!r} is unknown; use one of {sorted(samplers.METHOD_PRESETS)}")
+        renamed = RENAMED_METHODS.get(cfg.sampling.method)
+        hint = f"it is called {renamed!r} now (as its preset, --preset {renamed}); " if renamed else ""
+        raise ConfigError(f"sampling.method={cfg.sampling.method!r} is unknown; {hint}use one of "
+                          f"{sorted(samplers.METHOD_PRESETS)}")
     if not cfg.rewards:
         raise ConfigError("rewards is empty; give at least one, e.g. rewards=[{name: toy}]")
     plan = plan_arguments(cfg)
@@ -430,3 +438,14 @@ def describe_batches(cfg: Config, world_size: int, leaves_per_prompt: int, learn
 
 def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+@functools.lru_cache(maxsize=1)
+def schema_defaults() -> dict:
+    """Every key's schema default as {dotted key: value}: what a run folder's config written before the key
+    existed stands for (flowgrpo/run/run_dir.py compares configs with it)."""
+    import yaml
+
+    from flowgrpo.run.run_dir import flatten
+
+    return flatten(yaml.safe_load(to_yaml(Config())))

@@ -7,24 +7,12 @@ the training loop call the same functions, so every reported score is computed o
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 import torch
 from tqdm.auto import tqdm
 
 import samplers
 from rewards import Reward, load_reward
-
-
-def noise_seed(seed: int, index: int) -> int:
-    """The generator seed of prompt ``index``'s x_T in an evaluation with ``seed`` (recorded per sample)."""
-    return seed * 1_000_003 + index
-
-
-def initial_noise(shape: tuple[int, ...], seed: int, indices: Sequence[int]) -> torch.Tensor:
-    """x_T for each prompt index: a pure function of (seed, prompt index), whatever the batching."""
-    noise = [torch.randn(shape, generator=torch.Generator().manual_seed(noise_seed(seed, i))) for i in indices]
-    return torch.stack(noise)
 
 
 @torch.no_grad()
@@ -51,7 +39,7 @@ def generate(
         for start in starts:
             chunk = prompts[start : start + batch_size]
             cond = model.encode_prompts(chunk)
-            x = initial_noise(model.latent_shape(), seed, range(start, start + len(chunk)))
+            x = samplers.eval_noise(model.latent_shape(), seed, range(start, start + len(chunk)))
             x = x.to(model.device, model.dtype)
             velocity = model.velocity_fn(cond, guidance_scale)
 

@@ -1,4 +1,4 @@
-"""Render a run directory (DESIGN.md: run directory) into a static review site.
+"""Render a run directory (docs/design.md, "The run folder") into a static review site.
 
     python -m gallery runs/NAME            # -> runs/NAME/gallery/index.html
     from gallery import build_site; build_site("runs/NAME")

@@ -3,7 +3,7 @@
     target = metadata["ocr_text"] if given, else the first "double-quoted" span of the prompt
     read   = the OCR engine's text for the image
     both normalised: whitespace removed, lower-cased (as Flow-GRPO)
-    score  = 1 - min(Levenshtein(target, read), len(target)) / len(target)      (MATH.md §4)
+    score  = 1 - min(Levenshtein(target, read), len(target)) / len(target)      (docs/math.md §4)
 
 No target (no quotes, no metadata) -> NaN (not applicable). `full_credit_if_contained=True` adds
 Flow-GRPO's rule that a target found inside the read text scores 1.

@@ -10,7 +10,9 @@ model interface. Formulas: docs/math.md §1–2; architecture and contracts: doc
 """
 
 from samplers.executor import rollout, sample_endpoints
-from samplers.grids import derive_seed, flash_grid, flash_steps, make_generator, shift_sigmas, time_grid
+from samplers.grids import (
+    derive_seed, eval_noise, eval_noise_seed, flash_grid, flash_steps, make_generator, shift_sigmas, time_grid,
+)
 from samplers.kernels import (
     DEFAULT_ETA,
     KERNEL_NAMES,
@@ -60,6 +62,8 @@ __all__ = [
     "dance_sde",
     "data_prediction",
     "derive_seed",
+    "eval_noise",
+    "eval_noise_seed",
     "dpmpp_2m_step",
     "euler_step",
     "flash_grid",

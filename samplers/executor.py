@@ -53,8 +53,8 @@ def _tile(local: torch.Tensor, width: int, num_prompts: int, device) -> torch.Te
 class _Run:
     """State of one rollout; ``run()`` walks the levels."""
 
-    def __init__(self, velocity, plan, prompt_ids, latent_shape, seed, iteration, cond_index,
-                 dtype, device, max_batch, store_mean, reduce, keep_record):
+    def __init__(self, velocity, plan, prompt_ids, latent_shape, seed, iteration=0, cond_index=None,
+                 dtype=torch.float32, device=None, max_batch=None, store_mean=False, reduce="mean", keep_record=True):
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a samplers.Plan, got {type(plan).__name__}")
         if not dtype.is_floating_point:
@@ -347,27 +347,11 @@ def rollout(
     return run.records(roots, final)
 
 
-def sample_endpoints(
-    velocity: Velocity,
-    plan: Plan,
-    *,
-    prompt_ids,
-    latent_shape,
-    seed: int,
-    iteration: int = 0,
-    cond_index=None,
-    dtype: torch.dtype = torch.float32,
-    device=None,
-    max_batch: int | None = None,
-    nfe: NFECounter | None = None,
-) -> Endpoints:
-    """Log-prob-free rollout of ``plan``: x_T and x_0 of every leaf, nothing else (same draws as
-    ``rollout`` with the same arguments, so the same x_0)."""
-    run, roots, final = _run(
-        velocity, plan, False, nfe, prompt_ids=prompt_ids, latent_shape=latent_shape, seed=seed,
-        iteration=iteration, cond_index=cond_index, dtype=dtype, device=device,
-        max_batch=max_batch, store_mean=False, reduce="mean",
-    )
+def sample_endpoints(velocity: Velocity, plan: Plan, *, nfe: NFECounter | None = None, **kwargs) -> Endpoints:
+    """Log-prob-free rollout of ``plan``: x_T and x_0 of every leaf, nothing else. Takes ``rollout``'s keyword
+    arguments (prompt_ids, latent_shape, seed, iteration, cond_index, dtype, device, max_batch) and makes the
+    same draws, so the same x_0."""
+    run, roots, final = _run(velocity, plan, False, nfe, store_mean=False, reduce="mean", **kwargs)
     prompt, node, group, root = run.leaves()
     return Endpoints(roots.index_select(0, root), final, prompt, node, group, run.nfe.as_dict())
 

@@ -9,11 +9,13 @@ kernels use (the record stores them, so the training recompute uses the very sam
 ``flash_grid`` is MixGRPO-Flash's grid: the original points up to the end of the SDE window, then
 the remaining stretch re-gridded with ⌈(T − l − w)·r̃⌉ steps, linear in the unshifted time.
 
-Seeds (DESIGN.md contract 5): every random draw of a rollout comes from its own ``torch.Generator``
+Seeds (docs/design.md, contract 5): every random draw of a rollout comes from its own ``torch.Generator``
 seeded by ``derive_seed(stream, run_seed, iteration, prompt_id, node_id)``: the parts are folded
 left to right through the splitmix64 finaliser (h ← mix64(h XOR part), starting from a fixed
 constant, parts taken modulo 2^64) and the top bit is cleared. Draws therefore depend only on
 those integers, never on batch composition, chunk size or how prompts are split across processes.
+Held-out evaluation draws x_T of prompt i from ``eval_noise_seed(seed, i)`` (``eval_noise``), so every
+evaluation of a run starts from the same noise, and a sample's seed is written beside it.
 """
 
 from __future__ import annotations
@@ -127,3 +129,14 @@ __all__ = [
     "shift_sigmas",
     "time_grid",
 ]
+
+
+def eval_noise_seed(seed: int, index: int) -> int:
+    """The generator seed of prompt ``index``'s x_T in an evaluation with ``seed`` (recorded per sample)."""
+    return seed * 1_000_003 + index
+
+
+def eval_noise(shape: tuple[int, ...], seed: int, indices) -> torch.Tensor:
+    """x_T [len(indices), *shape] for each prompt index: a pure function of (seed, prompt index), whatever the batching."""
+    noise = [torch.randn(shape, generator=torch.Generator().manual_seed(eval_noise_seed(seed, i))) for i in indices]
+    return torch.stack(noise)

@@ -295,17 +295,17 @@ def compose_plan(
 
 # Paper defaults per method (docs/math.md §2): compose_plan arguments, plus the window schedule that moves
 # the SDE window (None: the plan is the same every iteration). Presets are data: a config overrides
-# any key, and the combinations compose (e.g. branch_grpo_mix with kernel="sage_sde").
+# any key, and the combinations compose (e.g. branchgrpo_mix with kernel="sage_sde").
 METHOD_PRESETS: dict[str, dict] = {
     "flow_grpo": dict(
         plan=dict(num_steps=10, kernel="flow_sde", eta=0.7, group_size=24, train_fraction=0.99),
         window=None,
     ),
-    "dance_grpo": dict(
+    "dancegrpo": dict(
         plan=dict(num_steps=16, kernel="dance_sde", eta=0.3, group_size=12, train_subset_fraction=0.6),
         window=None,
     ),
-    "sage_grpo": dict(
+    "sage": dict(
         plan=dict(num_steps=10, kernel="sage_sde", eta=0.5, group_size=24, train_fraction=0.99),
         window=None,
     ),
@@ -326,11 +326,11 @@ METHOD_PRESETS: dict[str, dict] = {
         plan=dict(num_steps=25, kernel="flow_sde", eta=0.7, group_size=12, post_window_ratio=0.2),
         window=dict(size=4, strategy="frozen"),
     ),
-    "branch_grpo": dict(
+    "branchgrpo": dict(
         plan=dict(num_steps=20, kernel="dance_sde", eta=0.3, splits=(0, 3, 6, 9), branch_factor=2),
         window=None,
     ),
-    "branch_grpo_mix": dict(
+    "branchgrpo_mix": dict(
         plan=dict(num_steps=20, kernel="dance_sde", eta=0.3, splits=(0, 3, 6, 9), branch_factor=2),
         window=dict(size=4, strategy="progressive", interval=25, stride=1),
     ),
@@ -341,7 +341,7 @@ METHOD_PRESETS: dict[str, dict] = {
         plan=dict(num_steps=10, kernel="ode", solver="dpmpp_2m", group_size=24, initial_noise="independent"),
         window=None,
     ),
-    "tempflow_grpo": dict(
+    "tempflow": dict(
         plan=dict(
             num_steps=10,
             kernel="ode",

@@ -116,7 +116,7 @@ def mode_masses(x: torch.Tensor, num_modes: int = NUM_MODES) -> torch.Tensor:
 
 def kl_optimum(weights: torch.Tensor, rewards: torch.Tensor, beta: float) -> torch.Tensor:
     """The maximiser of E_p[r] − β·KL(p ‖ p_base) over mixtures of the base components, for a reward
-    r_k constant on each component's region (MATH.md §6): w_k* ∝ w_k·exp(r_k/β).
+    r_k constant on each component's region (docs/math.md §6): w_k* ∝ w_k·exp(r_k/β).
 
     weights [..., K] base weights, rewards [..., K] per-mode reward -> [..., K] float64 optimal weights."""
     if not beta > 0:

@@ -23,7 +23,9 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from flowgrpo.config import Config, describe_batches, learning_rate_at, plan_schedule, processes_check, to_yaml
+from flowgrpo.config import (
+    Config, describe_batches, learning_rate_at, plan_schedule, processes_check, schema_defaults, to_yaml,
+)
 from flowgrpo.data import read_prompts, strata
 from flowgrpo.engine import checkpointing, credit, rollout
 from flowgrpo.engine.evaluation import HeldOut
@@ -49,7 +51,7 @@ class Trainer:
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         processes_check(cfg, self.world)
         # one experiment per run folder: a rerun with another config is refused before anything loads
-        check_run_config(cfg.run_dir, to_yaml(cfg), cfg.allow_config_change)
+        check_run_config(cfg.run_dir, to_yaml(cfg), cfg.allow_config_change, schema_defaults())
         self.modality = family_modality(cfg.model.family)
         self.scoring = Scoring(cfg, self.modality)  # every reward loads (and fails) before the model
         if self.modality == "video" and (cfg.log.samples_every or cfg.log.eval_samples):  # rollouts' and held-out clips
@@ -190,7 +192,7 @@ class Trainer:
         self.writer.info(describe_batches(cfg, self.world, counts["leaves"],
                                           self.learner.describe(counts["leaves"], counts["trained"])))
         self.writer.info(startup_line())  # torch's CPU threads and why (flowgrpo/run/threads.py)
-        self.writer.write_config(to_yaml(cfg), self.iteration)  # a changed config goes to config_history.jsonl
+        self.writer.write_config(to_yaml(cfg), self.iteration, schema_defaults())  # changes: config_history.jsonl
         # SIGINT/SIGTERM: stop at the next model call, save, and tell the entry point (flowgrpo/run/interrupts.py)
         self._steps_at_checkpointable = self.policy.optimizer_steps + self.policy.skipped_steps
         signals = StopSignals(denoisers(self.model), ready=self._checkpointable, on_signal=self._on_signal).install()

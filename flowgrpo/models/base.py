@@ -17,7 +17,7 @@ plain functions of tensors:
 Family files (``sd3.py``, ``flux.py``, ``wan.py``) only say how one transformer call is made and
 how prompts are encoded, using the pipeline's own methods; video families (``modality == "video"``)
 take latents [N, C, f, h, w] and decode to videos [N, F, 3, H, W]. Run the tests with
-``pytest tests/test_models_sd3.py tests/test_models_flux.py tests/test_models_wan.py tests/test_model_configs.py``.
+``pytest tests/models/test_sd3.py tests/models/test_flux.py tests/models/test_wan.py tests/models/test_model_configs.py``.
 """
 
 from __future__ import annotations
@@ -380,16 +380,18 @@ class FlowModel:
         (the pipelines' do_classifier_free_guidance; FLUX's guidance-distilled models differ)."""
         return guidance_scale > 1.0
 
-    def _transformer_velocity(
-        self,
-        transformer: torch.nn.Module,
-        x: torch.Tensor,
-        sigma: torch.Tensor,
-        cond: Conditioning,
-        guidance_scale: float,
-    ) -> torch.Tensor:
-        """One transformer call: x [B, C, h, w] (model dtype), sigma [B] fp32 -> velocity [B, C, h, w]."""
-        raise NotImplementedError
+    def _transformer_velocity(self, transformer, x, sigma, cond, guidance_scale):
+        """One transformer call: x [B, C, ...] (model dtype), sigma [B] fp32, the conditioning rows ``cond`` ->
+        velocity shaped like x. The default is the diffusers DiT call SD3 and Wan share (timestep = σ times the
+        scheduler's train timesteps); a family adds its inputs with ``_extra_inputs`` or replaces the call
+        (FLUX packs its latents)."""
+        return transformer(hidden_states=x, timestep=sigma * self._num_train_timesteps,
+                           encoder_hidden_states=cond.prompt_embeds.to(self.dtype), return_dict=False,
+                           **self._extra_inputs(cond))[0]
+
+    def _extra_inputs(self, cond: Conditioning) -> dict:
+        """Inputs of the default transformer call beyond the text embeddings (SD3: its pooled projection)."""
+        return {}
 
     def _image_seq_len(self) -> int:
         raise NotImplementedError

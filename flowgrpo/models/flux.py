@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from diffusers import FluxPipeline
 
-from flowgrpo.models.base import Conditioning, FlowModel
+from flowgrpo.models.base import FlowModel
 
 
 class FluxModel(FlowModel):
@@ -47,14 +47,9 @@ class FluxModel(FlowModel):
     def _uses_cfg(self, guidance_scale: float) -> bool:
         return not self.guidance_embeds and guidance_scale > 1.0
 
-    def _transformer_velocity(
-        self,
-        transformer: torch.nn.Module,
-        x: torch.Tensor,
-        sigma: torch.Tensor,
-        cond: Conditioning,
-        guidance_scale: float,
-    ) -> torch.Tensor:
+    def _transformer_velocity(self, transformer, x, sigma, cond, guidance_scale):
+        """FluxPipeline's call: latents packed 2x2 into tokens with their image ids, timestep t/1000, and the
+        guidance embedding of guidance-distilled models (FLUX.1-dev)."""
         n, channels, h, w = x.shape
         packed = FluxPipeline._pack_latents(x, n, channels, h, w)
         img_ids = FluxPipeline._prepare_latent_image_ids(n, h // 2, w // 2, self.device, self.dtype)

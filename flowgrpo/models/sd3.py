@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from diffusers import StableDiffusion3Pipeline
 
 from flowgrpo.models.base import Conditioning, FlowModel
@@ -32,21 +31,8 @@ class SD3Model(FlowModel):
         )
         return embeds, pooled, None
 
-    def _transformer_velocity(
-        self,
-        transformer: torch.nn.Module,
-        x: torch.Tensor,
-        sigma: torch.Tensor,
-        cond: Conditioning,
-        guidance_scale: float,
-    ) -> torch.Tensor:
-        return transformer(
-            hidden_states=x,
-            timestep=sigma * self._num_train_timesteps,
-            encoder_hidden_states=cond.prompt_embeds.to(self.dtype),
-            pooled_projections=cond.pooled_prompt_embeds.to(self.dtype),
-            return_dict=False,
-        )[0]
+    def _extra_inputs(self, cond: Conditioning) -> dict:
+        return {"pooled_projections": cond.pooled_prompt_embeds.to(self.dtype)}
 
     def latent_shape(self, height: Optional[int] = None, width: Optional[int] = None) -> tuple[int, ...]:
         height = height or self.config.resolution

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from diffusers import WanPipeline
 
-from flowgrpo.models.base import Conditioning, FlowModel
+from flowgrpo.models.base import FlowModel
 from flowgrpo.models.config import WAN_LORA_TARGETS
 
 
@@ -43,21 +43,6 @@ class WanModel(FlowModel):
             device=self.device,
         )
         return embeds, None, None
-
-    def _transformer_velocity(
-        self,
-        transformer: torch.nn.Module,
-        x: torch.Tensor,
-        sigma: torch.Tensor,
-        cond: Conditioning,
-        guidance_scale: float,
-    ) -> torch.Tensor:
-        return transformer(
-            hidden_states=x,
-            timestep=sigma * self._num_train_timesteps,
-            encoder_hidden_states=cond.prompt_embeds.to(self.dtype),
-            return_dict=False,
-        )[0]
 
     def latent_shape(
         self, height: Optional[int] = None, width: Optional[int] = None, num_frames: Optional[int] = None

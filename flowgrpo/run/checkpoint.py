@@ -1,4 +1,4 @@
-"""Atomic, pickle-free training checkpoints (DESIGN.md: run directory).
+"""Atomic, pickle-free training checkpoints (docs/design.md, "The run folder").
 
 ``checkpoints/step_<n>/`` holds
   tensors.safetensors   every tensor: trainable weights (``weights.*``), optimizer state

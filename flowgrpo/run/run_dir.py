@@ -1,4 +1,4 @@
-"""The run directory (DESIGN.md: the contract between training and review).
+"""The run directory (docs/design.md, "The run folder": the contract between training and review).
 
 runs/<name>/config.yaml                 the resolved config of the run's first launch (never overwritten)
 runs/<name>/config_history.jsonl        one line per later launch that changed the config: time, iteration,
@@ -124,32 +124,22 @@ class RunConfigChanged(ConfigError):
     """A rerun into a run folder whose config differs in keys that change the experiment."""
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """A nested config as {dotted key: value}."""
     out = {}
     for key, value in (tree or {}).items():
         if isinstance(value, dict):  # an empty dict (e.g. sampling.plan: {}) leaves its keys unset
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out
 
 
-_DEFAULTS: dict = {}
-
-
-def _schema_defaults() -> dict:
-    if not _DEFAULTS:
-        from flowgrpo.config import Config, to_yaml
-
-        _DEFAULTS.update(_flatten(yaml.safe_load(to_yaml(Config()))))
-    return _DEFAULTS
-
-
-def config_differences(saved_yaml: str, new_yaml: str) -> dict[str, tuple]:
+def config_differences(saved_yaml: str, new_yaml: str, defaults: dict | None = None) -> dict[str, tuple]:
     """Every key whose value differs between two resolved configs (YAML text), as {dotted key: (saved, new)}.
-    A key one of them lacks (a config written before the key existed) counts as the schema's default; lists
-    (rewards) compare whole."""
-    old, new, default = _flatten(yaml.safe_load(saved_yaml)), _flatten(yaml.safe_load(new_yaml)), _schema_defaults()
+    A key one of them lacks (a config written before the key existed) counts as its value in ``defaults``
+    (flowgrpo.config.schema_defaults()); lists (rewards) compare whole."""
+    old, new, default = flatten(yaml.safe_load(saved_yaml)), flatten(yaml.safe_load(new_yaml)), defaults or {}
     changes = {}
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, default.get(key, _UNSET)), new.get(key, default.get(key, _UNSET))
@@ -184,14 +174,15 @@ def _shown(value) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def check_run_config(run_dir: Path, new_yaml: str, allow_change: bool) -> None:
+def check_run_config(run_dir: Path, new_yaml: str, allow_change: bool, defaults: dict | None = None) -> None:
     """A rerun into ``run_dir`` must run the same experiment: refuse (naming the differing keys and both fixes)
-    when its config changes a key outside NEUTRAL_KEYS, unless ``allow_change`` (allow_config_change=true)."""
+    when its config changes a key outside NEUTRAL_KEYS, unless ``allow_change`` (allow_config_change=true).
+    ``defaults``: the schema's defaults, for keys an older config lacks."""
     run_dir = Path(run_dir)
     saved = recorded_config(run_dir)
     if saved is None or allow_change:
         return
-    changes = config_differences(saved, new_yaml)
+    changes = config_differences(saved, new_yaml, defaults)
     keys = experiment_keys(changes)
     if not keys:
         return
@@ -250,16 +241,17 @@ class RunWriter:
         self._repeats[text] = 0
         tqdm.write(f"warning: {text}", file=sys.stderr)
 
-    def write_config(self, yaml_text: str, iteration: int = 0) -> None:
+    def write_config(self, yaml_text: str, iteration: int = 0, defaults: dict | None = None) -> None:
         """config.yaml on the first launch; later launches that change the config append the change to
-        config_history.jsonl (``iteration``: where the run continues), so config.yaml is never overwritten."""
+        config_history.jsonl (``iteration``: where the run continues), so config.yaml is never overwritten.
+        ``defaults``: the schema's defaults, for keys an older config lacks."""
         if not self.enabled:
             return
         saved = recorded_config(self.dir)
         if saved is None:
             (self.dir / "config.yaml").write_text(yaml_text)
             return
-        changes = config_differences(saved, yaml_text)
+        changes = config_differences(saved, yaml_text, defaults)
         if not changes:
             return
         keys = experiment_keys(changes)
@@ -339,7 +331,7 @@ class RunWriter:
         every evaluation, so the gallery compares the base model (eval_0) with every later step."""
         if not self.enabled:
             return
-        from flowgrpo.evaluate import noise_seed
+        from samplers.grids import eval_noise_seed
 
         folder = self.dir / "samples" / f"eval_{step}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -347,7 +339,7 @@ class RunWriter:
         for i, (text, item) in enumerate(zip(prompts, media)):
             lines.append(json.dumps({
                 "prompt": text, "metadata": metadata[i] if metadata else {}, "seed": seed, "iteration": step,
-                "noise_seed": noise_seed(seed, i),  # flowgrpo.evaluate.initial_noise's generator for prompt i
+                "noise_seed": eval_noise_seed(seed, i),  # samplers.eval_noise's generator for prompt i
                 "prompt_slot": i, "group": i, "group_size": 1, "node": 0, "parent": -1,
                 "rewards": {reward_name: _clean(float(scores[i]))}, "advantage": None,
                 **_save_media(folder, f"e{i:04d}", item, fps),

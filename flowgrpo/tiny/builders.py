@@ -8,7 +8,7 @@ Two uses:
 Every component is the real class (``SD3Transformer2DModel``, ``AutoencoderKL``,
 ``CLIPTextModelWithProjection``, ``CLIPTokenizer``, ...); only the sizes are small. Tokenizers are
 CLIP-format byte-level BPE vocabularies learned locally from a word list, so they save and load with ``save_pretrained`` / ``from_pretrained`` like the real ones.
-The size rules come from ENVIRONMENT.md (e.g. ``joint_attention_dim >= 2 x`` the CLIP width,
+The size rules are in docs/environment.md (e.g. ``joint_attention_dim >= 2 x`` the CLIP width,
 ``AutoencoderKL.shift_factor`` must be set for SD3/FLUX decoding).
 """
 
@@ -300,7 +300,7 @@ class TinyWanSizes:
 
     The VAE compresses 4x in time (as Wan's) and 4x in space (Wan: 8x), so 32 px frames still give
     an 8x8 latent; ``AutoencoderKLWan`` gets ``scale_factor_spatial=4`` because the pipeline reads
-    it from the config instead of deriving it (ENVIRONMENT.md).
+    it from the config instead of deriving it (docs/environment.md, "Tiny diffusers models built from configs").
     """
 
     num_frames: int = 9  # 4k + 1

@@ -3,7 +3,7 @@
 The verifiable scorer (`rewards/toy/scorer.py`, reward `toy`) is a step function of the image: an
 object counts only when its shape verdict (the nearest of three moment prototypes) is right, and a
 position only when the offset clears a margin. The shipped tiny SD3 draws rounded squares that the
-scorer reads as circles (MEASUREMENTS.md), so many samples that are nearly right score 0 on a clause
+scorer reads as circles (docs/toy_world.md), so many samples that are nearly right score 0 on a clause
 and the policy gradient sees no difference between "nearly" and "not at all". `toy_dense` keeps the
 scorer's detection (the same colour segmentation and solid components) and replaces the two hard
 verdicts by smooth ones:

@@ -186,25 +186,28 @@ class ToyScorer(Reward):
         parsed = [self._prompt(text, None if metadata is None else metadata[i]) for i, text in enumerate(prompts)]
         detections = detect_objects(images)
         margin = POSITION_MARGIN * images.shape[-1] / IMAGE_SIZE
-        clause_credits, scores, strict = [], [], []
-        for prompt, dets in zip(parsed, detections):
-            credits = score_clauses(prompt, dets, margin)
-            clause_credits.append([{**c, "credit": v} for c, v in zip(prompt.clauses, credits)])
-            scores.append(sum(credits) / len(credits))
-            strict.append(all(v == 1.0 for v in credits))
-        return RewardOutput(
-            scores=torch.tensor(scores, dtype=torch.float32),
-            info={
-                "strict": torch.tensor(strict, dtype=torch.bool),  # [B]
-                "task": [p.task for p in parsed],
-                "clauses": clause_credits,  # per sample: the prompt's clause dicts plus "credit"
-                "num_detected": [len(d) for d in detections],
-            },
-        )
+        credits = [score_clauses(prompt, dets, margin) for prompt, dets in zip(parsed, detections)]
+        return clause_output(parsed, credits, [sum(c) / len(c) for c in credits],
+                             num_detected=[len(d) for d in detections])
 
     @staticmethod
     def _prompt(text: str, meta: dict | None) -> ToyPrompt:
         return resolve_prompt(text, meta, ToyPrompt, _parse_cached, "toy")
+
+
+def clause_output(parsed: list, credits: list[list[float]], scores: list[float], **info) -> RewardOutput:
+    """A toy scorer's RewardOutput: the scores [B], and per sample its strict verdict (every clause credit 1),
+    task, clauses with their credits, and the scorer's own ``info`` lists."""
+    return RewardOutput(
+        scores=torch.tensor(scores, dtype=torch.float32),
+        info={
+            "strict": torch.tensor([all(v == 1.0 for v in c) for c in credits], dtype=torch.bool),  # [B]
+            "task": [p.task for p in parsed],
+            # per sample: the prompt's clause dicts plus "credit"
+            "clauses": [[{**clause, "credit": v} for clause, v in zip(p.clauses, c)] for p, c in zip(parsed, credits)],
+            **info,
+        },
+    )
 
 
 def resolve_prompt(text: str, meta: dict | None, prompt_class: type, parse, reward_name: str):

@@ -35,7 +35,7 @@ import math
 import torch
 
 from rewards.base import Reward, RewardOutput
-from rewards.toy.scorer import detect_objects, resolve_prompt, summarize  # noqa: F401  (summarize is re-exported)
+from rewards.toy.scorer import clause_output, detect_objects, resolve_prompt, summarize  # noqa: F401  (summarize: re-exported)
 from worlds.toy.clips import DIRECTION_VECTORS, FRAME_SIZE, ToyVideoPrompt, parse_prompt
 
 # Object size limits in pixels at 32x32 (scaled with frame area): the smallest true object (a 4 px
@@ -184,25 +184,14 @@ class ToyVideoScorer(Reward):
             for frame in detect_objects(videos.reshape(batch * num_frames, 3, height, width))
         ]
         scale = width / FRAME_SIZE
-        clause_credits, motions, scores, strict = [], [], [], []
+        credits, motions = [], []
         for b, prompt in enumerate(parsed):
-            credits, motion = score_clauses(prompt, detections[b * num_frames:(b + 1) * num_frames], scale)
-            clause_credits.append([{**c, "credit": v} for c, v in zip(prompt.clauses, credits)])
-            motions.append(motion)
-            scores.append(combine(prompt, credits))
-            strict.append(all(v == 1.0 for v in credits))
-        return RewardOutput(
-            scores=torch.tensor(scores, dtype=torch.float32),
-            info={
-                "strict": torch.tensor(strict, dtype=torch.bool),  # [B]
-                "task": [p.task for p in parsed],
-                "clauses": clause_credits,  # per sample: the prompt's clause dicts plus "credit"
-                # per sample, per named object: frames tracked, along/across speed, steady fraction
-                "motion": motions,
-                "num_detected": [sum(len(d) for d in detections[b * num_frames:(b + 1) * num_frames]) / num_frames
-                                 for b in range(batch)],  # mean detections per frame
-            },
-        )
+            clause_credits, motion = score_clauses(prompt, detections[b * num_frames:(b + 1) * num_frames], scale)
+            credits.append(clause_credits)
+            motions.append(motion)  # per named object: frames tracked, along/across speed, steady fraction
+        return clause_output(parsed, credits, [combine(p, c) for p, c in zip(parsed, credits)], motion=motions,
+                             num_detected=[sum(len(d) for d in detections[b * num_frames:(b + 1) * num_frames])
+                                           / num_frames for b in range(batch)])  # mean detections per frame
 
     @staticmethod
     def _prompt(text: str, meta: dict | None) -> ToyVideoPrompt:

@@ -34,7 +34,6 @@ import samplers
 from flowgrpo.engine.copies import WeightCopy, soft_keep
 from flowgrpo.engine.learners.base import Learner, Rollouts
 from flowgrpo.engine.learners.transition import seeded_permutation
-from flowgrpo.engine.policy import REFERENCE
 
 STREAM_TRAIN_DRAWS = 101  # the (t, ε) draws of forward-process learners (samplers/grids.py streams are 1-4)
 
@@ -140,7 +139,8 @@ class ForwardLearner(Learner):
         return 1.0 if self.cfg.learner.train_guidance == "conditional" else self.cfg.sampling.guidance_scale
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, cond, weights=None) -> torch.Tensor:
-        """v at (x_t, t): the current weights with gradient, or a copy's / the reference's (``REFERENCE``) without."""
+        """v at (x_t, t): the current weights with gradient, or without it a copy's or the reference's
+        (``weights=flowgrpo.engine.policy.REFERENCE``)."""
         return self.policy.velocity(x, t, cond, self.guidance, weights)
 
     # ---------------------------------------------------------------- the update

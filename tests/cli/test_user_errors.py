@@ -1,0 +1,176 @@
+"""Bad input is one line that names the fix, exit status 2, no traceback (unless --debug): every class of
+docs/errors.md, through the real entry points (train_t2i.py's main, flowgrpo's main, and a real process)."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowgrpo import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train_t2i():
+    spec = importlib.util.spec_from_file_location("train_t2i", ROOT / "train_t2i.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "mixed.jsonl").write_text('{"prompt": "a", "metadata": {"task": "x"}}\n{"prompt": "b"}\n')
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a photo of a circle"}\n{oops\n')
+    (tmp_path / "not_a_checkpoint").mkdir()
+    (tmp_path / "not_a_checkpoint" / "notes.txt").write_text("hello")
+    return tmp_path
+
+
+def _one_line(text: str) -> str:
+    """The one line of an error; progress bars of a model that loaded before the error are not lines of it."""
+    lines = [line for line in text.splitlines() if line.strip() and not re.search(r"\d+%\|", line)]
+    assert len(lines) == 1, text
+    assert "Traceback" not in text
+    return lines[0]
+
+
+# (training arguments, what the one line must say); {tmp} is the test's folder
+TRAINING = [
+    (["prompts={tmp}/empty.txt"], r"train_t2i.py: error: no prompts in '.*empty.txt'; .*one prompt a line"),
+    (["prompts={tmp}/missing.txt"], r"prompts '.*missing.txt' is neither a built-in set \(toy-train, .*\) nor an existing"),
+    (["prompts={tmp}/bad.jsonl"], r"bad.jsonl:2 is not valid JSON"),
+    (["eval.prompts={tmp}/empty.txt"], r"eval.prompts: no prompts in"),
+    (["train.balance_by=task", "prompts={tmp}/mixed.jsonl"], r"train.balance_by='task' but prompt 1 of '.*mixed.jsonl' has no metadata 'task' while others do"),
+    (["rewards=[{{name: toy_dence}}]"], r"unknown reward 'toy_dence' in rewards\[0\].name; did you mean 'toy_dense'\?"),
+    (["eval.reward=pickscor"], r"unknown reward 'pickscor' in eval.reward; did you mean 'pickscore'\?"),
+    (["rewards=[{{name: 'no_such_module:Reward'}}]"], r"cannot import reward 'no_such_module:Reward' \(rewards\[0\].name\)"),
+    (["rewards=[{{name: 'flowgrpo.config:Config'}}]"], r"'flowgrpo.config:Config' \(rewards\[0\].name\) is not a reward"),
+    (["--preset", "mixgrp"], r"'mixgrp' is neither a YAML file nor one of configs/presets/: \[.*'mixgrpo'"),
+    (["--model", "sd3"], r"'sd3' is neither a YAML file nor one of configs/models/"),
+    (["train.iterations"], r"override 'train.iterations' is not key=value \(e.g. train.iterations=10\)"),
+    (["train.iterationz=3"], r"unknown config key 'train.iterationz'; did you mean 'iterations'\?"),
+    (["loss.ratio=magic"], r"loss.ratio='magic' is not allowed; use one of"),
+    (["train.iterations=abc"], r"bad value for train.iterations: Value 'abc' of type 'str' could not be converted to Integer$"),
+    (["rewards=[{{name:toy}}]"], r"with a space after each colon"),
+    (["model.pretrained=./no/such/folder"], r"model folder './no/such/folder' does not exist"),
+    (["rewards=[{{name: toy_video}}]"], r"reward 'toy_video' scores videos but the model makes images"),
+    (["sampling.plan.group_size=1"], r"group_size=1: GRPO needs at least 2 samples per prompt.*set sampling.plan.group_size=2"),
+    (["train.prompts_per_iteration=3", "sampling.batches_per_iteration=2"], r"prompts_per_iteration=3 is not divisible by"),
+    (["model.family=sd4"], r"model config 'family' is 'sd4'; allowed: analytic, flux, sd3, wan"),
+    (["model.dtype=float8"], r"model config 'dtype' is 'float8'; allowed: float32"),
+    (["model.resolution=65"], r"image size 65x65 does not fit SD3Model: .*change model.resolution"),
+    (["--threads", "-1"], r"threads=-1 must be ≥ 0 \(0 = automatic, N = exactly N CPU threads\)$"),
+]
+
+
+@pytest.mark.parametrize("argv, message", TRAINING, ids=[" ".join(a) for a, _ in TRAINING])
+def test_training_user_errors_are_one_line_with_the_fix(argv, message, files, capsys):
+    argv = [a.format(tmp=files) for a in argv] + [f"output_dir={files}/runs", "log.progress=false"]
+    assert _train_t2i()(argv) == 2
+    captured = capsys.readouterr()
+    line = _one_line(captured.err)
+    assert line.startswith("train_t2i.py: error: ") and re.search(message, line), line
+    assert not (files / "runs").exists()  # refused before the run folder is made
+
+
+def test_a_missing_builtin_model_names_the_command_that_builds_it(tmp_path, monkeypatch, capsys):
+    from flowgrpo.run import paths
+
+    monkeypatch.setattr(paths, "ASSETS_DIR", tmp_path / "assets")
+    assert _train_t2i()([f"output_dir={tmp_path}"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "built-in model 'tiny-sd3' is not in" in line and "build it with `flowgrpo pretrain-toy`" in line
+
+
+def test_debug_shows_the_traceback(files):
+    from flowgrpo.run.errors import UserError
+
+    with pytest.raises(UserError, match="no prompts in"):
+        _train_t2i()(["--debug", f"prompts={files}/empty.txt", f"output_dir={files}/runs"])
+
+
+EVAL = [
+    (["--checkpoint", "{tmp}/runs/x/checkpoints/step_9"],
+     r"flowgrpo eval: error: --checkpoint '.*step_9' does not exist; pass a checkpoint folder such as "
+     r"runs/<name>/checkpoints/step_<n>"),
+    (["--checkpoint", "{tmp}/not_a_checkpoint"], r"--checkpoint '.*not_a_checkpoint' holds no model weights"),
+    (["--reward", "toyy"], r"unknown reward 'toyy' in --reward; did you mean 'toy'\?"),
+    (["--prompts", "{tmp}/empty.txt"], r"no prompts in '.*empty.txt'"),
+    (["--prompts", "{tmp}/bad.jsonl"], r"bad.jsonl:2 is not valid JSON"),
+    (["--model", "no_such_model"], r"--model 'no_such_model' is not a YAML file nor one of \['"),
+    (["--pretrained", "./no/such/folder"], r"model folder './no/such/folder' does not exist"),
+    (["--samples-per-prompt", "0"], r"--samples-per-prompt must be ≥ 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("argv, message", EVAL, ids=[" ".join(a) for a, _ in EVAL])
+def test_eval_user_errors_are_one_line_with_the_fix(argv, message, files, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["eval"] + [a.format(tmp=files) for a in argv])
+    assert info.value.code == 2
+    line = _one_line(capsys.readouterr().err)
+    assert re.search(message, line), line
+
+
+def test_eval_lists_the_checkpoints_next_to_a_missing_one(tmp_path, capsys):
+    for step in (10, 20):
+        (tmp_path / "checkpoints" / f"step_{step}" / "model").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        cli.main(["eval", "--checkpoint", str(tmp_path / "checkpoints" / "step_30")])
+    line = _one_line(capsys.readouterr().err)
+    assert re.search(r"found: .*step_10, .*step_20", line), line
+
+
+def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=120, **kwargs)
+
+
+def test_real_processes_print_one_line_and_exit_2(files):
+    """The console entry points as a user runs them: the message alone on stderr, status 2."""
+    train = _run([sys.executable, "train_t2i.py", f"prompts={files}/empty.txt", f"output_dir={files}/runs"])
+    assert train.returncode == 2
+    assert _one_line(train.stderr).startswith("train_t2i.py: error: no prompts in")
+    evaluation = _run([sys.executable, "-m", "flowgrpo.cli", "eval", "--checkpoint", f"{files}/missing"])
+    assert evaluation.returncode == 2 and evaluation.stdout == ""
+    assert _one_line(evaluation.stderr).startswith("flowgrpo eval: error: --checkpoint")
+
+
+def test_under_accelerate_launch_our_line_comes_first(files):
+    """accelerate's launcher adds its own CalledProcessError traceback after a failed child (it has no
+    option to leave it out but --quiet); docs/errors.md says so. Ours is the first error line, and the
+    launcher's last line carries our exit status."""
+    result = _run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "train_t2i.py", f"prompts={files}/empty.txt",
+                   f"output_dir={files}/runs"])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0
+    assert lines[0].startswith("train_t2i.py: error: no prompts in"), result.stderr
+    assert "returned non-zero exit status 2" in lines[-1]
+    quiet = _run([sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--num_processes", "1",
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "train_t2i.py",
+                  f"prompts={files}/empty.txt", f"output_dir={files}/runs"])
+    assert quiet.returncode == 1 and _one_line(quiet.stderr).startswith("train_t2i.py: error: no prompts in")
+
+
+def test_errors_doc_lists_every_class_with_its_message():
+    """docs/errors.md's table has a row per class tested here, with the message's words."""
+    doc = (ROOT / "docs" / "errors.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| ") and not line.startswith(("| class", "| **"))]
+    stated = re.search(r"(\d+) classes: (\d+) of the training scripts .*?, (\d+) of `flowgrpo pretrain-toy`, "
+                       r"(\d+) of `flowgrpo eval`", doc, re.S)
+    assert stated and int(stated[1]) == len(rows) == int(stated[2]) + int(stated[3]) + int(stated[4]), (stated, len(rows))
+    assert int(stated[4]) == len(EVAL)
+    for fragment in ("no prompts in", "has no metadata", "is neither a built-in set", "is not valid JSON", "unknown reward",
+                     "cannot import reward", "is not a reward", "is neither a YAML file nor one of",
+                     "is not key=value", "unknown config key", "is not allowed", "with a space after each colon",
+                     "does not exist", "scores videos but the model makes images", "holds no model weights",
+                     "--samples-per-prompt must be", "build it with", "threads=-1 must be",
+                     "already holds a run with another configuration", "no valid reward in",
+                     "holds a pretraining of other model sizes"):
+        assert fragment in doc, fragment
+    assert "docs/errors.md" in (ROOT / "README.md").read_text()

@@ -1,0 +1,298 @@
+"""The forward-process learners' losses (docs/math.md §5; flowgrpo/engine/learners/nft.py, awm.py, dgpo.py) by hand,
+their gradients against float64 autograd of the formulas written out here, and the shared draws and
+soft copies (flowgrpo/engine/learners/forward.py).
+Run: pytest tests/engine/test_forward_learners.py -q
+"""
+
+import math
+
+import pytest
+import torch
+
+from flowgrpo.engine.learners.awm import awm_log_likelihood, awm_loss
+from flowgrpo.engine.learners.dgpo import dgpo_clip_mask, dgpo_group_objective
+from flowgrpo.engine.copies import WeightCopy, soft_keep
+from flowgrpo.engine.learners.nft import nft_loss, optimality_probability
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+
+def close(a, b, rel=1e-6):
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    assert torch.allclose(a, b, rtol=rel, atol=rel * float(b.abs().max().clamp(min=1e-12))), (a, b)
+
+
+# ------------------------------------------------------------------------------------------------
+# DiffusionNFT
+# ------------------------------------------------------------------------------------------------
+def test_nft_implicit_policies_equal_the_old_one_when_theta_is_theta_old():
+    g = torch.Generator().manual_seed(0)
+    v_old = torch.randn(3, 4, generator=g)
+    x_t, x0, t = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g), torch.rand(3, generator=g)
+    for beta in (1.0, 0.1, 2.5):
+        _, v_pos, v_neg = nft_loss(v_old.clone(), v_old, x_t, x0, t, torch.zeros(3), beta=beta, adv_max=5.0)
+        assert torch.equal(v_pos, v_old) and torch.equal(v_neg, v_old)
+
+
+def test_nft_loss_on_a_hand_made_two_sample_batch():
+    # two samples in d = 2; β = 1 (v⁺ = v_θ, v⁻ = 2·v_old − v_θ), A_max = 5
+    x0 = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    eps = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    t = torch.tensor([0.5, 0.25])
+    x_t = (1 - t[:, None]) * x0 + t[:, None] * eps  # [[0.5, 0.5], [0.25, 1.5]]
+    v_theta = torch.tensor([[-1.0, 1.0], [2.0, -2.0]])
+    v_old = torch.tensor([[0.0, 0.0], [1.0, -2.0]])
+    adv = torch.tensor([5.0, -2.5])  # r = 1 and r = 0.25
+    loss, _, _ = nft_loss(v_theta, v_old, x_t, x0, t, adv, beta=1.0, adv_max=5.0)
+    # sample 0: r = 1, only v⁺ = v_θ: x̂0⁺ − x0 = x_t − 0.5·v_θ − x0 = [0.5+0.5−1, 0.5−0.5−0] = [0, 0] → ℓ⁺ = 0 (w floored)
+    # sample 1: r = 0.25; x̂0⁺ − x0 = [0.25 − 0.5, 1.5 + 0.5 − 2] = [−0.25, 0] → ℓ⁺ = mean(0.0625, 0)/mean(0.25, 0) = 0.25
+    #           v⁻ = 2·v_old − v_θ = [0, −2]; x̂0⁻ − x0 = [0.25, 1.5 + 0.5 − 2] = [0.25, 0] → ℓ⁻ = 0.25
+    #           L = 5·(0.25·0.25 + 0.75·0.25)/1 = 1.25
+    close(loss, [0.0, 1.25])
+    # β = 0.5: v⁺ = 0.5·v_θ + 0.5·v_old = [1.5, −2], v⁻ = 1.5·v_old − 0.5·v_θ = [0.5, −2]
+    # x̂0⁺ − x0 = [0.25 − 0.375, 0] = [−0.125, 0] → ℓ⁺ = 0.125; x̂0⁻ − x0 = [0.125, 0] → ℓ⁻ = 0.125; L = 5·0.125/0.5
+    loss, _, _ = nft_loss(v_theta, v_old, x_t, x0, t, adv, beta=0.5, adv_max=5.0)
+    close(loss[1], 1.25)
+    assert optimality_probability(torch.tensor([-10.0, -5.0, 0.0, 2.5, 9.0]), 5.0).tolist() == [0.0, 0.0, 0.5, 0.75, 1.0]
+
+
+def test_nft_gradient_matches_float64_autograd_of_the_formula():
+    g = torch.Generator().manual_seed(1)
+    R, D, beta, adv_max = 5, 6, 0.7, 5.0
+    x0, x_t, v_old = (torch.randn(R, D, generator=g) for _ in range(3))
+    t, adv = torch.rand(R, generator=g) * 0.9 + 0.05, torch.randn(R, generator=g) * 3
+    v = torch.randn(R, D, generator=g, requires_grad=True)
+    nft_loss(v, v_old, x_t, x0, t, adv, beta=beta, adv_max=adv_max)[0].sum().backward()
+
+    v64 = v.detach().double().requires_grad_(True)
+    x0d, x_td, v_oldd, td, advd = (z.double() for z in (x0, x_t, v_old, t, adv))
+    r = torch.clamp(0.5 + 0.5 * advd / adv_max, 0, 1)
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(R):  # written per sample, from docs/math.md §5
+        vp = beta * v64[i] + (1 - beta) * v_oldd[i]
+        vn = (1 + beta) * v_oldd[i] - beta * v64[i]
+        ep, en = x_td[i] - td[i] * vp - x0d[i], x_td[i] - td[i] * vn - x0d[i]
+        wp, wn = max(float(ep.detach().abs().mean()), 1e-5), max(float(en.detach().abs().mean()), 1e-5)
+        total = total + adv_max * (r[i] * (ep**2).mean() / wp + (1 - r[i]) * (en**2).mean() / wn) / beta
+    total.backward()
+    close(v.grad, v64.grad, rel=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# AWM
+# ------------------------------------------------------------------------------------------------
+def test_awm_log_likelihood_weightings_by_hand():
+    v, u = torch.tensor([[1.0, 3.0]]), torch.tensor([[0.0, 1.0]])  # m = mean(1, 4) = 2.5
+    t = torch.tensor([0.5])
+    close(awm_log_likelihood(v, u, t, "uniform"), [-2.5])
+    close(awm_log_likelihood(v, u, t, "t"), [-1.25])
+    close(awm_log_likelihood(v, u, t, "t2"), [-0.625])
+    close(awm_log_likelihood(v, u, t, "huber"), [-(math.sqrt(2.5 + 1e-10) - 1e-5) * 0.5])
+    close(awm_log_likelihood(v, u, t, "ghuber", 0.25), [-0.5 * ((2.5 + 1e-10) ** 0.25 - 1e-10**0.25) / 0.25])
+    with pytest.raises(ValueError, match="weighting"):
+        awm_log_likelihood(v, u, t, "cubic")
+
+
+def test_awm_ratio_is_exactly_one_on_the_rollout_policy_and_its_clip_cases():
+    lik = torch.tensor([-1.3, -0.2, -2.0])
+    loss, ratio = awm_loss(lik, lik.clone(), torch.tensor([1.0, -1.0, 0.5]), clip_range=0.2)
+    assert torch.equal(ratio, torch.ones(3))
+    close(loss, [-1.0, 1.0, -0.5])
+    # clip cases with ε = 0.2: (A > 0, ρ = e^0.5 > 1.2) clipped at 1.2, no gradient; (A > 0, ρ = e^-0.5 < 0.8) unclipped;
+    # (A < 0, ρ = e^-0.5) clipped at 0.8, no gradient; (A < 0, ρ = e^0.5) unclipped
+    lik_theta = torch.tensor([0.5, -0.5, -0.5, 0.5], requires_grad=True)
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    loss, ratio = awm_loss(lik_theta, torch.zeros(4), adv, clip_range=0.2)
+    e = math.e
+    close(loss, [-1.2, -e**-0.5, 0.8, e**0.5])
+    loss.sum().backward()
+    close(lik_theta.grad, [0.0, -(e**-0.5), 0.0, e**0.5])
+
+
+def test_awm_gradient_matches_float64_autograd_of_the_formula():
+    g = torch.Generator().manual_seed(2)
+    R, D = 6, 5
+    u, v_old = torch.randn(R, D, generator=g), torch.randn(R, D, generator=g)
+    t, adv = torch.rand(R, generator=g), torch.tensor([0.9, -0.4, 0.2, -1.0, 0.6, -0.1])
+    v = (v_old + 0.05 * torch.randn(R, D, generator=g)).requires_grad_(True)  # near the old policy: some clipped
+    for weighting in ("uniform", "t2", "ghuber"):
+        v.grad = None
+        loss, _ = awm_loss(awm_log_likelihood(v, u, t, weighting), awm_log_likelihood(v_old, u, t, weighting), adv, 0.02)
+        loss.sum().backward()
+        v64 = v.detach().double().requires_grad_(True)
+        total = torch.zeros((), dtype=torch.float64)
+        for i in range(R):
+            def lik(w):
+                m = ((w - u[i].double()) ** 2).mean()
+                ti = t[i].double()
+                return {"uniform": -m, "t2": -ti**2 * m, "ghuber": -ti * ((m + 1e-10) ** 0.25 - 1e-10**0.25) / 0.25}[weighting]
+            rho = torch.exp(lik(v64[i]) - lik(v_old[i].double()).detach())
+            a = adv[i].double()
+            total = total + torch.maximum(-a * rho, -a * rho.clamp(1 - 0.02, 1 + 0.02))
+        total.backward()
+        close(v.grad, v64.grad, rel=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# DGPO
+# ------------------------------------------------------------------------------------------------
+def diffusion_dpo_loss(err_w, err_w_ref, err_l, err_l_ref, beta):
+    """Diffusion-DPO (Wallace et al. 2024) as its public training code writes it."""
+    model_diff, ref_diff = err_w - err_l, err_w_ref - err_l_ref
+    return -torch.nn.functional.logsigmoid(-0.5 * beta * (model_diff - ref_diff))
+
+
+def test_dgpo_with_one_positive_and_one_negative_is_diffusion_dpo():
+    err = torch.tensor([0.8, 1.7], dtype=torch.float64)  # winner, loser (policy)
+    err_ref = torch.tensor([1.0, 1.5], dtype=torch.float64)
+    for beta in (1.0, 100.0, 5000.0):
+        objective, sizes = dgpo_group_objective(err - err_ref, torch.tensor([1.0, -1.0]), torch.tensor([7, 7]), beta)
+        assert sizes.tolist() == [2.0]
+        close(objective, diffusion_dpo_loss(err[0], err_ref[0], err[1], err_ref[1], beta).reshape(1), rel=1e-12)
+
+
+def test_dgpo_groups_are_separate_and_weights_are_advantages_over_group_size():
+    delta = torch.tensor([0.1, -0.2, 0.3, 0.05, -0.4], dtype=torch.float64)
+    adv = torch.tensor([1.5, -0.5, -1.0, 2.0, -2.0], dtype=torch.float64)
+    groups = torch.tensor([3, 3, 3, 9, 9])
+    objective, sizes = dgpo_group_objective(delta, adv, groups, beta=4.0)
+    s3 = 4.0 / 3 * (1.5 * 0.1 + 0.5 * 0.2 - 1.0 * 0.3)  # Σ_{A>0}|A|δ − Σ_{A<0}|A|δ = Σ A·δ
+    s9 = 4.0 / 2 * (2.0 * 0.05 + 2.0 * 0.4)
+    close(objective, [math.log1p(math.exp(s3)), math.log1p(math.exp(s9))], rel=1e-12)
+    assert sizes.tolist() == [3.0, 2.0]
+
+
+def test_dgpo_clip_detaches_errors_that_moved_too_far_on_their_side():
+    err_old = torch.zeros(4)
+    err = torch.tensor([-0.5, 0.5, 0.5, -0.5])  # ρ = exp(e_old − e_θ) = e^0.5, e^−0.5, e^−0.5, e^0.5
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    # positives may lower their error by at most ε (ρ ≤ 1 + ε), negatives raise it by at most ε (ρ ≥ 1 − ε)
+    assert dgpo_clip_mask(err, err_old, adv, 0.01).tolist() == [True, False, True, False]
+    assert not dgpo_clip_mask(err, err_old, torch.zeros(4), 0.01).any()
+
+
+def test_dgpo_gradient_matches_float64_autograd_of_the_formula():
+    """The learner trains (G/β)·softplus((β/G)·Σ A_i·(e_θ,i − e_ref,i)) per group; its gradient per sample is
+    σ(S)·A_i·∇e_θ,i — β sharpens the weight but does not scale the gradient."""
+    g = torch.Generator().manual_seed(3)
+    G, D, beta = 4, 3, 7.0
+    u, v_ref = torch.randn(G, D, generator=g), torch.randn(G, D, generator=g)
+    adv = torch.tensor([1.2, -0.3, 0.4, -1.3])
+    v = torch.randn(G, D, generator=g, requires_grad=True)
+    err, err_ref = ((u - v) ** 2).mean(1), ((u - v_ref) ** 2).mean(1)
+    objective, sizes = dgpo_group_objective(err - err_ref, adv, torch.zeros(G, dtype=torch.long), beta)
+    (sizes / beta * objective).sum().backward()
+    v64 = v.detach().double().requires_grad_(True)
+    e64 = ((u.double() - v64) ** 2).mean(1)
+    s = beta / G * (adv.double() * (e64 - ((u.double() - v_ref.double()) ** 2).mean(1))).sum()
+    (G / beta * torch.nn.functional.softplus(s)).backward()
+    close(v.grad, v64.grad, rel=2e-5)
+    expected = torch.sigmoid(s.detach()) * adv.double()[:, None] * (-2.0 / D) * (u.double() - v64.detach())
+    close(v.grad, expected, rel=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# soft copies (NFT's θ_old, AWM's EMA, DGPO's ema_ref)
+# ------------------------------------------------------------------------------------------------
+def test_soft_copy_schedule_and_update():
+    p = [torch.zeros(2)]
+    keep = soft_keep(rate=0.001, ceiling=0.5, delay=0)
+    copy = WeightCopy("old", p, keep)
+    assert [keep(n) for n in (0, 1, 100, 499, 500, 10_000)] == [0.0, 0.001, 0.1, 0.499, 0.5, 0.5]
+    delayed = soft_keep(rate=0.0075, ceiling=0.999, delay=75)  # NFT's OCR schedule
+    assert [delayed(n) for n in (0, 75, 76, 275)] == [0.0, 0.0, 0.0075, 0.999]
+    p[0] += torch.tensor([1.0, 2.0])
+    copy.follow(p, 100)  # θ_c ← 0.1·θ_c + 0.9·θ
+    close(copy.values[0], [0.9, 1.8])
+    copy.follow(p, 0)  # λ = 0: the copy is θ exactly
+    assert torch.equal(copy.values[0], p[0])
+
+
+# ------------------------------------------------------------------------------------------------
+# the training draws (t, ε)
+# ------------------------------------------------------------------------------------------------
+def analytic_trainer(tmp_path, preset, *extra):
+    from flowgrpo.config import load_config
+    from flowgrpo.run.paths import configs_dir
+    from flowgrpo.engine.trainer import Trainer
+
+    return Trainer(load_config(preset, None, [f"output_dir={tmp_path}", "log.progress=false", *extra],
+                               base=str(configs_dir() / "analytic.yaml")))
+
+
+def test_draws_are_pure_functions_of_their_keys_and_stay_in_the_time_range(tmp_path):
+    from flowgrpo.engine.learners.forward import DrawSpace, Sample
+
+    trainer = analytic_trainer(tmp_path, "dgpo")
+    learner, grid = trainer.learner, trainer.schedule.plan(0).sigmas[:-1].float()
+    space = DrawSpace(iteration=0, grid=grid, shift=trainer.schedule.plan(0).shift, latent=(2,))
+    a = Sample(batch=0, leaf=0, advantage=1.0, group=5, key=(2, 1))
+    t, eps = learner.draws(a, 0, space)
+    t2, eps2 = learner.draws(Sample(batch=3, leaf=9, advantage=-1.0, group=5, key=(2, 1)), 0, space)
+    assert torch.equal(t, t2) and torch.equal(eps, eps2)  # the same key (a group's members): the same draws
+    t3, _ = learner.draws(a, 1, space)
+    assert not torch.equal(t, t3)  # a new inner epoch draws anew
+    assert t.numel() == 4 and len(set(t.tolist())) == 4 and all(float(x) in grid.tolist() for x in t)
+    assert float(t.min()) >= 0.78  # the preset's time_min: DGPO trains the high-noise end only
+    for sampler in ("uniform", "logit_normal"):
+        other = analytic_trainer(tmp_path / sampler, "awm", f"learner.time_sampler={sampler}", "learner.time_min=0.2",
+                                 "learner.time_max=0.7", "learner.train_times=64")
+        t, _ = other.learner.draws(a, 0, space)
+        assert 0.2 <= float(t.min()) and float(t.max()) <= 0.7 and t.unique().numel() > 30
+    few = analytic_trainer(tmp_path / "few", "diffusion_nft", "learner.time_min=0.9", "learner.train_times=4")
+    with pytest.raises(ValueError, match="lower train_times or widen the range"):
+        few.learner.draws(a, 0, space)
+
+
+def test_the_truncated_logit_normal_is_the_logit_normal_restricted_to_the_range(tmp_path):
+    """Inverse-CDF draws on [0.3, 0.9] have the distribution of shift(sigmoid(N(m, s))) conditioned on
+    that range (compared with rejection sampling: largest CDF gap below 0.04 for 4,000 draws each)."""
+    from flowgrpo.engine.learners.forward import DrawSpace, Sample
+    import samplers
+
+    trainer = analytic_trainer(tmp_path, "awm", "learner.time_sampler=logit_normal", "learner.time_min=0.3",
+                               "learner.time_max=0.9", "learner.train_times=4000", "learner.logit_mean=0.5")
+    space = DrawSpace(iteration=0, grid=torch.zeros(0), shift=trainer.schedule.plan(0).shift, latent=(2,))
+    t, _ = trainer.learner.draws(Sample(0, 0, 0.0, 0, (0, 0)), 0, space)
+    direct = samplers.shift_sigmas(torch.sigmoid(0.5 + torch.randn(40_000, generator=torch.Generator().manual_seed(0),
+                                                                    dtype=torch.float64)), 3.0)
+    direct = direct[(direct >= 0.3) & (direct <= 0.9)][:4000].float()
+    grid = torch.linspace(0.3, 0.9, 61)
+    gap = ((t[None, :] <= grid[:, None]).float().mean(1) - (direct[None, :] <= grid[:, None]).float().mean(1)).abs().max()
+    assert float(gap) < 0.04, float(gap)
+
+
+# ------------------------------------------------------------------------------------------------
+# composition: presets x model configs, forward-process learners x window and tree plans
+# ------------------------------------------------------------------------------------------------
+def test_every_preset_composes_with_every_model_config():
+    from flowgrpo.config import load_config
+    from flowgrpo.models.config import _VIDEO_FAMILIES
+    from flowgrpo.run.paths import configs_dir
+
+    presets = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
+    models = sorted(p.stem for p in (configs_dir() / "models").glob("*.yaml"))
+    assert {"diffusion_nft", "awm", "dgpo"} <= set(presets) and {"sd3_5_medium", "flux_dev", "wan2_1_t2v_1_3b"} <= set(models)
+    for model in models:
+        family = load_config(None, model, []).model.family
+        default = "default_t2v" if family in _VIDEO_FAMILIES else "default"
+        extra = ["rewards=[{name: analytic_hit}]", "prompts=analytic-train", "eval.reward=analytic_hit"] if family == "analytic" else []
+        for preset in presets:
+            cfg = load_config(preset, model, extra, default=default)
+            assert cfg.model.family == family and cfg.sampling.method
+
+
+@pytest.mark.parametrize("method, plan", [("mixgrpo", "{group_size: 4, num_steps: 8}"),  # its window moves every iteration
+                                          ("branchgrpo", "{group_size: 1, num_steps: 8, splits: [0, 3]}")])
+@pytest.mark.parametrize("learner", ["diffusion_nft", "awm", "dgpo"])
+def test_forward_learners_train_on_window_and_tree_plans(learner, method, plan, tmp_path):
+    """A forward-process learner takes the leaves of any plan: an SDE window for exploration (MixGRPO's, which
+    moves), or a BranchGRPO tree whose 4 leaves per prompt form the group (depth-wise leaf advantages)."""
+    trainer = analytic_trainer(tmp_path, learner, f"sampling.method={method}", f"sampling.plan={plan}", "train.iterations=3",
+                               "learner.train_times=2", "learner.time_min=0.0", "eval.every=0", "log.samples_every=0",
+                               "log.gallery=false", *(["sampling.window.interval=1"] if method == "mixgrpo" else []))
+    before = [p.detach().clone() for p in trainer.policy.params]
+    last = trainer.train()
+    assert last["trained_samples"] == 8 * 4 and torch.isfinite(torch.tensor(last["loss"]))
+    assert not trainer.learner.needs_transitions and last["nfe/train_backward"] == 3 * 8 * 4 * 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.params))

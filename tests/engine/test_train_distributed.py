@@ -1,0 +1,52 @@
+"""Two CPU processes (gloo) compute what one process computes with the same global batch.
+
+Seeds, prompt slots, groups, advantages and the gradient normalisation are identical by construction;
+what differs is float rounding: a process runs the model on a different batch composition (its own
+prompts), so a velocity row can differ in its last bits, and a group z-score amplifies that when the
+group's spread is tiny. Hence tolerances rather than bit equality here (the resume test, which
+replays the same batches, is bit-exact)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from train_fixtures import overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(nproc: int, model_dir: str, out: Path, preset: str | None) -> Path:
+    args = overrides(model_dir, out, **{"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4,
+                                        "train.iterations": 2, "train.prompts_per_iteration": 4,
+                                        "train.learning_rate": 1e-4})  # small steps: Adam magnifies rounding
+    args += ["rewards=[{name: 'train_fixtures:Brightness'}]"]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(ROOT / "train_t2i.py"), *(["--preset", preset] if preset else []), *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out / "tiny-sd3-toy"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, counted", [("flow_grpo", "trained_transitions"), (None, "trained_samples")])
+def test_two_processes_equal_one(tiny_sd3_dir, tmp_path, preset, counted):
+    """Both families of learners: the transition learner (Flow-GRPO) and the default's forward-process one (NFT)."""
+    one, two = _run(1, tiny_sd3_dir, tmp_path / "one", preset), _run(2, tiny_sd3_dir, tmp_path / "two", preset)
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
+    tolerance = {"reward/brightness_mean": 1e-5, counted: 0, "advantage/abs_mean": 2e-3, "grad_norm": 2e-3}
+    for key, rel in tolerance.items():
+        a, b = [r[key] for r in rows[0]], [r[key] for r in rows[1]]
+        assert a == pytest.approx(b, rel=rel, abs=1e-7), key
+    wa = load_file(one / "checkpoints" / "step_2" / "tensors.safetensors")
+    wb = load_file(two / "checkpoints" / "step_2" / "tensors.safetensors")
+    for key in (k for k in wa if k.startswith("weights.")):
+        # Adam turns near-zero gradient differences into O(lr) steps on single elements: compare norms
+        assert (wa[key] - wb[key]).norm() <= 1e-2 * wa[key].norm() + 1e-8, key  # measured: ~2e-3

@@ -1,0 +1,265 @@
+"""Plans, method presets and window schedules (samplers/plans.py, samplers/schedules.py).
+
+NFE and trained-transition counts are checked against the closed forms of docs/math.md §2, both from
+the plan and from what the executor actually does; window positions against the strategies' laws.
+Run: pytest tests/samplers/test_plans.py -q
+"""
+
+import math
+
+import pytest
+import torch
+
+from samplers import (
+    METHOD_PRESETS,
+    Plan,
+    StepSpec,
+    WindowSchedule,
+    compose_plan,
+    kernel_coefficients,
+    method_schedule,
+    rollout,
+    time_grid,
+)
+
+
+def velocity(x, sigma, cond_index):
+    """Cheap, smooth, conditioning-dependent, and exact per row (only + and ×)."""
+    s = sigma.view(-1, *([1] * (x.dim() - 1)))
+    c = cond_index.to(x.dtype).view_as(s)
+    return x * (0.5 + s * s) - 0.1 * s * x * x + 0.05 * (c + 1.0)
+
+
+def run(plan, prompts=2, latent=(3, 2, 2), **kwargs):
+    return rollout(velocity, plan, prompt_ids=list(range(prompts)), latent_shape=latent, seed=0, **kwargs)
+
+
+def test_branch_grpo_costs_203_forwards_for_16_leaves():
+    plan = method_schedule("branchgrpo").plan(0)
+    assert plan.counts()["nfe"] == 203 and plan.counts()["leaves"] == 16
+    record = run(plan, prompts=3)
+    assert record.nfe == {"rollout": 3 * 203} and record.num_leaves == 3 * 16
+    assert 16 * 20 == 320  # the 16 independent chains it replaces
+    # levels double at every split: depth d holds 2^(number of splits < d) nodes
+    depth_sizes = torch.bincount(record.node_depth).tolist()
+    assert depth_sizes == [1] + [2] * 3 + [4] * 3 + [8] * 3 + [16] * 11
+    # every edge is trained except the last step's
+    assert record.num_transitions == 3 * (sum(depth_sizes[1:20]))
+
+
+@pytest.mark.parametrize("T,steps,K", [(10, tuple(range(9)), 6), (8, (0, 2, 5), 3), (6, (1,), 2)])
+def test_tempflow_cost_is_trunk_plus_k_completions(T, steps, K):
+    plan = compose_plan(T, kernel="ode", side_steps=steps, side_children=K, side_weight="noise_aware")
+    expected = T + K * sum(T - j - 1 for j in steps)
+    assert plan.counts()["nfe"] == expected
+    record = run(plan)
+    assert record.nfe["rollout"] == 2 * expected
+    assert record.num_leaves == 2 * (1 + K * len(steps))
+    assert record.num_transitions == 2 * K * len(steps)  # only the one-step SDE children train
+    assert set(record.step.tolist()) == set(steps) and set(record.kernel_names()) == {"flow_sde"}
+    # the K siblings of one branch point share an advantage group; every group has K members
+    counts = torch.bincount(record.group)
+    assert sorted(set(counts[counts > 0].tolist())) == [K]
+    leaves_per_group = torch.bincount(record.leaf_group).tolist()
+    assert sorted(set(leaves_per_group)) == ([1, K] if K != 1 else [1])
+
+
+def test_tempflow_noise_aware_weights():
+    T, steps = 10, (0, 3, 6)
+    plan = compose_plan(T, kernel="ode", side_steps=steps, side_weight="noise_aware")
+    sig = plan.sigmas.to(torch.float32).tolist()
+    for j in steps:
+        std = float(kernel_coefficients("flow_sde", sig[j], sig[j + 1], 0.7)[2])
+        assert plan.steps[j].side_loss_weight == pytest.approx(2.25 * std, rel=1e-12)
+    record = run(plan)
+    for j in steps:
+        weight = torch.tensor(plan.steps[j].side_loss_weight, dtype=torch.float32)
+        assert torch.all(record.loss_weight[record.step == j] == weight)
+    unit = compose_plan(T, kernel="ode", side_steps=steps, side_weight="noise_aware_mean_one")
+    weights = [unit.steps[j].side_loss_weight for j in steps]
+    assert sum(weights) / len(weights) == pytest.approx(1.0) and weights[0] > weights[-1]
+
+
+@pytest.mark.parametrize("start", [0, 5, 13, 20])
+def test_mixgrpo_costs_g_t_forwards_and_g_w_trained(start):
+    G, T, w = 3, 25, 4
+    plan = compose_plan(T, kernel="flow_sde", group_size=G, window=(start, w))
+    record = run(plan, prompts=2)
+    assert record.nfe["rollout"] == 2 * G * T
+    assert record.num_transitions == 2 * G * w
+    assert sorted(set(record.step.tolist())) == list(range(start, start + w))
+
+
+def test_mixgrpo_window_at_the_end_never_trains_the_last_step():
+    plan = compose_plan(25, kernel="flow_sde", group_size=2, window=(21, 4))
+    assert plan.steps[24].kernel == "flow_sde" and not plan.steps[24].trained
+    assert plan.counts()["trained"] == 2 * 3
+
+
+@pytest.mark.parametrize(
+    "T,start,w,ratio", [(25, 0, 4, 0.4), (25, 9, 4, 0.4), (25, 0, 4, 0.2), (16, 5, 3, 0.3)]
+)
+def test_flash_grid_has_l_plus_w_plus_compressed_tail_steps(T, start, w, ratio):
+    G = 2
+    plan = compose_plan(T, group_size=G, window=(start, w), post_window_ratio=ratio)
+    steps = start + w + math.ceil((T - start - w) * ratio)
+    assert plan.num_steps == steps
+    assert [s.solver for s in plan.steps[start + w :]] == ["dpmpp_2m"] * (steps - start - w)
+    assert all(s.solver == "euler" for s in plan.steps[:start])  # never accelerate before the window
+    record = run(plan, prompts=1)
+    assert record.nfe["rollout"] == G * steps and record.num_transitions == G * w
+
+
+def test_flow_grpo_and_dance_grpo_training_sets():
+    flow = method_schedule("flow_grpo", plan={"group_size": 3}).plan(0)
+    assert [s.trained for s in flow.steps] == [True] * 9 + [False]  # ⌊10·0.99⌋ = 9
+    assert flow.counts()["nfe"] == 30 and flow.counts()["trained"] == 27
+    dance = method_schedule("dancegrpo", plan={"group_size": 8}).plan(0)
+    subset = math.floor(15 * 0.6)
+    assert dance.train_subset == subset == 9
+    record = run(dance, prompts=2)
+    assert record.num_transitions == 2 * 8 * subset
+    per_sample = {}
+    for p, node, step in zip(record.prompt.tolist(), record.node.tolist(), record.step.tolist()):
+        root = node % 8  # chains: the node id at level d is d·G + root
+        per_sample.setdefault((p, root), set()).add(step)
+    assert all(len(s) == subset and 15 not in s for s in per_sample.values())
+    assert len({frozenset(s) for s in per_sample.values()}) > 1  # each sample draws its own subset
+
+
+def test_flow_grpo_fast_window_is_redrawn_in_range():
+    schedule = method_schedule("flow_grpo_fast", plan={"group_size": 2}, seed=3)
+    starts = [schedule.window_start(n) for n in range(200)]
+    assert set(starts) == {0, 1, 2, 3}  # [0, ⌊10/2⌋ − 2]
+    again = method_schedule("flow_grpo_fast", plan={"group_size": 2}, seed=3)
+    assert [again.window_start(n) for n in range(200)] == starts  # a pure function of (seed, n)
+    other = method_schedule("flow_grpo_fast", plan={"group_size": 2}, seed=4)
+    assert [other.window_start(n) for n in range(200)] != starts
+    plan = schedule.plan(7)
+    trained = [i for i, s in enumerate(plan.steps) if s.trained]
+    assert trained == [starts[7], starts[7] + 1]
+
+
+def _positions(schedule, n):
+    return [schedule.start_at(i) for i in range(n)]
+
+
+def test_progressive_window_follows_min_l_plus_s():
+    T, w, tau, s = 25, 4, 25, 1
+    got = _positions(WindowSchedule(T, w, "progressive", interval=tau, stride=s), 700)
+    assert got == [min(s * (n // tau), T - w) for n in range(700)]
+    got = _positions(WindowSchedule(T, w, "progressive", interval=3, stride=2), 60)
+    assert got == [min(2 * (n // 3), T - w) for n in range(60)]
+
+
+def test_progressive_window_rolls_back_after_the_last_position():
+    T, w, tau, s = 10, 4, 2, 2
+    got = _positions(WindowSchedule(T, w, "progressive", interval=tau, stride=s, roll_back=True), 24)
+    cycle = [0, 0, 2, 2, 4, 4, 6, 6]  # 6 = T − w, then back to 0
+    assert got == cycle * 3
+
+
+def _hold_sequence(interval_of, last, n):
+    """Independent simulation: hold position l for interval_of(l) iterations, then l + 1."""
+    out, l = [], 0
+    while len(out) < n:
+        out += [l] * interval_of(l)
+        l = min(l + 1, last)
+    return out[:n]
+
+
+def test_decaying_intervals():
+    T, w = 25, 4
+    lin = WindowSchedule(T, w, "linear_decay", interval_max=10, interval_min=1)
+    assert [lin.interval_at(l) for l in (0, T - w)] == [10, 1]
+    assert all(lin.interval_at(l) >= lin.interval_at(l + 1) for l in range(T - w))
+    expected = _hold_sequence(lambda l: max(1, math.floor(10 - 9 * l / (T - w) + 0.5)), T - w, 150)
+    assert _positions(WindowSchedule(T, w, "linear_decay"), 150) == expected
+    expo = WindowSchedule(T, w, "exp_decay", interval=25)
+    expected = [25, 25, math.ceil(25 * math.exp(-0.1)), math.ceil(25 * math.exp(-0.7))]
+    assert [expo.interval_at(l) for l in (0, 13, 14, 20)] == expected
+    expected = _hold_sequence(lambda l: math.ceil(25 * math.exp(-0.1 * max(0, l - 13))), T - w, 600)
+    assert _positions(WindowSchedule(T, w, "exp_decay", interval=25), 600) == expected
+
+
+def test_frozen_and_random_windows():
+    assert set(_positions(WindowSchedule(25, 4, "frozen"), 50)) == {0}
+    rnd = _positions(WindowSchedule(25, 4, "random", seed=1), 2000)
+    counts = torch.bincount(torch.tensor(rnd), minlength=22)
+    assert counts.numel() == 22 and counts.min() > 50  # uniform over [0, 21]
+
+
+def test_schedule_state_round_trips():
+    for strategy in ("progressive", "linear_decay", "exp_decay"):
+        reference = WindowSchedule(25, 4, strategy, interval=5, roll_back=True)
+        full = _positions(reference, 300)
+        first = WindowSchedule(25, 4, strategy, interval=5, roll_back=True)
+        _positions(first, 137)
+        resumed = WindowSchedule(25, 4, strategy, interval=5, roll_back=True)
+        resumed.load_state_dict(first.state_dict())
+        assert [resumed.start_at(n) for n in range(136, 300)] == full[136:]
+    schedule = method_schedule("mixgrpo", window={"interval": 2})
+    plans = [schedule.plan(n) for n in range(11)]
+    state = schedule.state_dict()
+    fresh = method_schedule("mixgrpo", window={"interval": 2})
+    fresh.load_state_dict(state)
+    assert fresh.window_start(10) == schedule.window_start(10) == 5
+    assert [i for i, s in enumerate(plans[10].steps) if s.trained] == [5, 6, 7, 8]
+    with pytest.raises(ValueError, match="cannot go back"):
+        schedule.plan(3)
+    with pytest.raises(ValueError, match="checkpoint"):
+        WindowSchedule(20, 4).load_state_dict(state["window"])
+
+
+def test_plans_compose_tree_window_and_sage():
+    plan = compose_plan(20, kernel="sage_sde", splits=(0, 3, 6, 9), window=(12, 4))
+    sde = [i for i, s in enumerate(plan.steps) if s.kernel == "sage_sde"]
+    assert sde == [0, 3, 6, 9, 12, 13, 14, 15]
+    assert plan.counts()["nfe"] == 203 and plan.counts()["leaves"] == 16
+    record = run(plan)
+    assert set(record.kernel_names()) == {"sage_sde"} and sorted(set(record.step.tolist())) == sde
+    preset = method_schedule("branchgrpo_mix", plan={"kernel": "sage_sde", "eta": 0.5}).plan(60)
+    assert [i for i, s in enumerate(preset.steps) if s.stochastic] == [0, 2, 3, 4, 5, 6, 9]
+
+
+def test_every_preset_builds_and_runs():
+    for name, preset in METHOD_PRESETS.items():
+        small = {"group_size": 2} if "group_size" in preset["plan"] else None
+        plan = method_schedule(name, plan=small).plan(0)
+        record = run(plan, prompts=1, latent=(2, 2))
+        assert record.nfe["rollout"] == plan.counts()["nfe"]
+        assert record.num_transitions == plan.counts()["trained"]
+        assert name in plan.describe()
+
+
+def test_ode_probes_ride_the_side_lane_and_count_as_probes():
+    """TurningPoint-style probe: after SDE step 1, an ODE copy of the chain runs to the end."""
+    sde = StepSpec("flow_sde", 0.7, trained=True)
+    probe = StepSpec("flow_sde", 0.7, trained=True, side=1, side_kernel="ode", side_trained=False,
+                     side_category="probe")
+    plan = Plan(time_grid(4), (sde, sde, probe, StepSpec("flow_sde", 0.7)))
+    assert plan.counts()["rollout"] == 4 and plan.counts()["probe"] == 1
+    record = run(plan, prompts=2)
+    assert record.nfe == {"rollout": 8, "probe": 2} and record.num_leaves == 4
+    assert record.num_transitions == 2 * 3 and set(record.step.tolist()) == {0, 1, 2}
+
+
+def test_bad_plans_raise_with_the_fix():
+    compose_plan(10, kernel="cps")  # fine: the last step (cps std 0 at σ' = 0) is never trained
+    last_trained = (StepSpec("cps", 0.8, trained=True), StepSpec("cps", 0.8, trained=True))
+    with pytest.raises(ValueError, match="std 0"):
+        Plan(time_grid(2), last_trained)
+    with pytest.raises(ValueError, match="neither be trained nor split"):
+        StepSpec("ode", trained=True)
+    with pytest.raises(ValueError, match="window"):
+        compose_plan(10, window=(8, 4))
+    with pytest.raises(ValueError, match="outside the 10 steps"):
+        compose_plan(10, splits=(0, 12))
+    with pytest.raises(ValueError, match="chains only"):
+        compose_plan(10, splits=(0,), train_subset_fraction=0.6)
+    with pytest.raises(ValueError, match="unknown method"):
+        method_schedule("grpo")
+    with pytest.raises(ValueError, match="bad plan arguments.*windw"):
+        method_schedule("flow_grpo", plan={"windw": (0, 2)})
+    with pytest.raises(ValueError, match="compressed post-window"):
+        compose_plan(25, window=(0, 4), post_window_ratio=0.4, splits=(10,))
