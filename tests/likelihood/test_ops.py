@@ -43,6 +43,8 @@ def make_case(kernel, dtype=torch.float32, n=3, latent=(3, 5, 7), seed=0, device
     sigma = torch.tensor([1.0, 0.6, 0.2, 0.75, 0.4][:n], dtype=torch.float32)
     sigma_next = torch.tensor([0.9, 0.45, 0.05, 0.7, 0.3][:n], dtype=torch.float32)
     eta = DEFAULT_ETA[kernel] * (1.0 + 0.1 * torch.arange(n, dtype=torch.float32))
+    if kernel == "cps":
+        eta = eta.clamp(max=1.0)  # cps has a density for η ≤ 1 only (s = σ'·sin(ηπ/2))
     shape = (n, *latent)
     x = torch.randn(shape, generator=g).to(dtype)
     v = torch.randn(shape, generator=g).to(dtype)
