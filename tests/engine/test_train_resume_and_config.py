@@ -92,6 +92,7 @@ def test_the_trainer_follows_the_schedule(tiny_sd3_dir, tmp_path):
         (["train.prompts_per_iteration=3", "sampling.batches_per_iteration=2"], "not divisible"),
         (["loss.ratio=magic"], "loss.ratio='magic' is not allowed"),
         (["sampling.method=nope"], "sampling.method='nope' is unknown"),
+        (["sampling.method=dance_grpo"], "it is called 'dancegrpo' now (as its preset, --preset dancegrpo)"),
         (["model.pretrained=./does/not/exist"], None),  # checked at load time, below
         (["train.iterations"], "is not key=value"),
         (["learner.name=ppo"], "learner.name='ppo' is unknown"),

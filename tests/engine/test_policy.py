@@ -1,0 +1,175 @@
+"""The engine's contract (docs/design.md): the policy owns the weights and every copy of them, follows and
+checkpoints the copies through one mechanism, and is the whole surface a learner sees; a method has one
+name; the start-up lines say what the chosen learner trains."""
+
+import pytest
+import torch
+import yaml
+
+from flowgrpo.engine.copies import WeightCopy, refresh_every, soft_keep
+from flowgrpo.engine.policy import REFERENCE, Policy
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
+
+def _policy(**kwargs):
+    from accelerate import Accelerator
+
+    from flowgrpo.models import load_model
+
+    torch.manual_seed(0)
+    model = load_model({"family": "analytic", "pretrained": "analytic", "dim": 2, "device": "cpu",
+                        "finetune": "full", "reference": "auto"})
+    return Policy(model, Accelerator(cpu=True), **{"learning_rate": 1e-2, "weight_decay": 0.0,
+                                                    "adam_betas": (0.9, 0.999), "grad_clip": 1.0, **kwargs})
+
+
+def _inputs(policy, n=6):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(n, *policy.latent_shape, generator=gen)
+    sigma = torch.full((n,), 0.6)
+    cond = policy.model.encode_prompts(["mode 0", "the left half"] * (n // 2))
+    return x, sigma, cond
+
+
+def _train_step(policy, target=1.0):
+    x, sigma, cond = _inputs(policy)
+    policy.zero_grad()
+    v = policy.velocity(x, sigma, cond, 1.0)
+    policy.backward((v - target).square().mean(), prompts=2)
+    return policy.step(prompts=2)
+
+
+def test_copies_follow_their_rule_after_steps_and_iterations():
+    policy = _policy()
+    start = [p.detach().clone() for p in policy.params]
+    ema = policy.copy("ema", 0.5)  # every step: copy ← 0.5·copy + 0.5·θ
+    old = policy.copy("old", soft_keep(0.1, 0.5), follows="iteration")
+    anchor = policy.copy("anchor", refresh_every(2))
+    snapshot = policy.copy("snapshot", follows="never", saved=False)
+    norm, _ = _train_step(policy)
+    assert norm > 0 and policy.optimizer_steps == 1
+    theta1 = [p.detach().clone() for p in policy.params]
+    assert any(not torch.equal(a, b) for a, b in zip(start, theta1))
+    for value, s, t in zip(ema.values, start, theta1):
+        torch.testing.assert_close(value, 0.5 * s + 0.5 * t, rtol=0, atol=1e-7 * float(t.abs().max() + 1))
+    assert all(torch.equal(v, s) for v, s in zip(old.values, start))  # waits for the iteration's end
+    assert all(torch.equal(v, s) for v, s in zip(anchor.values, start))  # step 1 of 2: kept
+    policy.end_iteration()  # λ = min(0.1·1, 0.5) = 0.1
+    for value, s, t in zip(old.values, start, theta1):
+        torch.testing.assert_close(value, 0.1 * s + 0.9 * t, rtol=0, atol=1e-7 * float(t.abs().max() + 1))
+    _train_step(policy)
+    assert all(torch.equal(v, p) for v, p in zip(anchor.values, policy.params))  # step 2: refreshed exactly
+    assert all(torch.equal(v, s) for v, s in zip(snapshot.values, start))  # never follows by itself
+    snapshot.assign(policy.params)
+    assert all(torch.equal(v, p) for v, p in zip(snapshot.values, policy.params))
+
+
+def test_a_step_without_gradient_is_skipped_and_moves_no_copy():
+    policy = _policy()
+    ema = policy.copy("ema", 0.5)
+    before = [v.clone() for v in ema.values]
+    x, sigma, cond = _inputs(policy)
+    policy.zero_grad()
+    policy.backward(0.0 * policy.velocity(x, sigma, cond, 1.0).sum())
+    norm, _ = policy.step()
+    assert norm == 0.0 and policy.skipped_steps == 1 and policy.optimizer_steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, ema.values)) and not policy.optimizer.state
+
+
+def test_velocity_with_a_copy_or_the_reference_is_gradient_free_and_every_call_is_counted():
+    policy = _policy()
+    frozen = policy.copy("frozen", follows="never")
+    _train_step(policy, target=3.0)
+    x, sigma, cond = _inputs(policy)
+    trained = [p.detach().clone() for p in policy.params]
+    with policy.using(frozen):  # the copy's values in the parameters, restored after
+        assert all(torch.equal(p, v) for p, v in zip(policy.params, frozen.values))
+        expected = policy.model.velocity(x, sigma, cond, 1.0).detach()
+    assert all(torch.equal(p, t) for p, t in zip(policy.params, trained))
+    counted = policy.nfe.as_dict()
+    v_copy = policy.velocity(x, sigma, cond, 1.0, weights=frozen)
+    v_ref = policy.velocity(x, sigma, cond, 1.0, weights=REFERENCE)
+    assert not v_copy.requires_grad and not v_ref.requires_grad and torch.equal(v_copy, expected)
+    with policy.model.reference():
+        assert torch.equal(v_ref, policy.model.velocity(x, sigma, cond, 1.0))
+    assert policy.velocity(x, sigma, cond, 1.0).requires_grad
+    now = policy.nfe.as_dict()
+    assert now["train_forward"] - counted["train_forward"] == 3 * x.shape[0]
+    assert now["train_backward"] - counted["train_backward"] == x.shape[0]
+
+
+def test_the_policy_checkpoints_every_saved_copy_and_restores_them_exactly():
+    policy = _policy()
+    policy.copy("ema", 0.5)
+    policy.copy("anchor", refresh_every(3))
+    policy.copy("awm_old", follows="never", saved=False)
+    for _ in range(2):
+        _train_step(policy)
+        policy.end_iteration()
+    tensors, state = policy.state_tensors(), policy.state_dict()
+    prefixes = {k.split(".")[0] for k in tensors}
+    assert prefixes == {"weights", "optim", "ema", "anchor"}  # awm_old is rebuilt every iteration, never saved
+    fresh = _policy()
+    fresh.copy("ema", 0.5)
+    fresh.copy("anchor", refresh_every(3))
+    fresh.load_state({k: v.clone() for k, v in tensors.items()}, state)
+    again = fresh.state_tensors()
+    assert again.keys() == tensors.keys() and all(torch.equal(again[k], tensors[k]) for k in tensors)
+    assert fresh.optimizer_steps == policy.optimizer_steps == 2
+    with pytest.raises(ValueError, match="exists already"):
+        fresh.copy("ema", 0.5)
+
+
+def test_one_copy_mechanism_serves_pretraining_state_dicts_with_integer_buffers():
+    module = torch.nn.BatchNorm1d(3)  # float weights and an integer batch counter
+    sources = lambda: list(module.state_dict().values())  # noqa: E731
+    ema = WeightCopy("ema", sources(), keep=0.75)
+    with torch.no_grad():
+        module.weight.fill_(2.0)
+        module.num_batches_tracked.fill_(7)
+    ema.follow(sources(), 0)
+    state = dict(zip(module.state_dict(), ema.values))
+    assert torch.equal(state["weight"], torch.full((3,), 1.25)) and int(state["num_batches_tracked"]) == 7
+    with ema.swapped_into(sources()):
+        assert torch.equal(module.weight, torch.full((3,), 1.25))
+    assert torch.equal(module.weight, torch.full((3,), 2.0))
+    with pytest.raises(ValueError, match="follows"):
+        WeightCopy("x", sources(), follows="epoch")
+
+
+def test_the_learner_registry_and_the_config_name_the_same_learners():
+    from flowgrpo.config import LEARNER_NAMES
+    from flowgrpo.engine.learners import LEARNERS
+
+    assert sorted(LEARNERS) == sorted(LEARNER_NAMES)
+
+
+def test_a_method_has_one_name_its_preset_files():
+    """Every rollout plan but the forward learners' `ode` is named as its preset file; a preset rolls out
+    with its own plan, `ode`, or another preset's (GRPO-Guard uses Flow-GRPO's rollout)."""
+    import samplers
+    from flowgrpo.run.paths import configs_dir
+
+    presets = {p.stem: yaml.safe_load(p.read_text()) for p in (configs_dir() / "presets").glob("*.yaml")}
+    plans = set(samplers.METHOD_PRESETS) - {"ode"}
+    assert plans <= set(presets), f"plans without a preset of their name: {sorted(plans - set(presets))}"
+    for name, preset in presets.items():
+        method = preset["sampling"]["method"]
+        assert method in (name, "ode") or method in presets, f"{name}.yaml rolls out with {method!r}"
+        assert samplers.method_schedule(method).plan(0).name == method
+
+
+@pytest.mark.parametrize("preset, says, never", [("diffusion_nft", "training draws (t, ε) per sample: 9", "transitions"),
+                                                 ("flow_grpo", "trained transitions per prompt: ", "draws")])
+def test_start_up_lines_say_what_the_learner_trains(preset, says, never, tmp_path):
+    from flowgrpo.config import describe_batches, load_config
+    from flowgrpo.engine.trainer import Trainer
+    from flowgrpo.run.paths import configs_dir
+
+    cfg = load_config(preset, None, [f"output_dir={tmp_path}"], base=str(configs_dir() / "analytic.yaml"))
+    trainer = Trainer(cfg)
+    counts = trainer.schedule.plan(0).counts()
+    text = describe_batches(cfg, 1, counts["leaves"], trainer.learner.describe(counts["leaves"], counts["trained"]))
+    trainer.scoring.close()
+    assert says in text and never not in text, text
