@@ -9,8 +9,8 @@ them, with a fixed seed) with the training rollout's sampler (DPM-Solver++ at th
 and the model's guidance) and fixed noise, and scores the same images with the training reward(s)
 and with the held-out scorer (`eval.reward`); it also prints the mean training reward of the
 iterations since the last line. A reward that rises on these images is one the learner climbs; one
-that stays flat while the held-out score rises is not what moves the model (README, "Measured: the
-embedded default run").
+that stays flat while the held-out score rises is not what moves the model (measured:
+docs/results/training_reward.md).
 """
 
 from __future__ import annotations

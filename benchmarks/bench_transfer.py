@@ -10,7 +10,7 @@ training reward of the iterations since the last line and the held-out `toy` sco
 (its 32 held-out prompts, combinations the training split leaves out) beside the held-out mean. A
 task whose training reward climbs while its held-out score stays flat or falls is one where what the
 learner learns is tied to the training combinations: more training on it cannot lift the held-out
-score (README, "Measured: the embedded default run"). Runs go to runs/bench-transfer-<name>; the
+score (measured: docs/results/transfer.md). Runs go to runs/bench-transfer-<name>; the
 results to runs/bench-transfer/results.json. ``--jobs 2`` runs two at once, one torch thread each.
 """
 

@@ -9,7 +9,7 @@ prints one table per folder: per task, the mean score, the mean credit of each c
 (object: the count of each named shape; color; position) and how many detected components the
 images hold against the objects the prompt names (fewer, exactly, more; mean extra). A policy that
 fills scenes with extra objects shows it in the last columns; one that draws the right objects in
-the wrong places, in the position credit (README, "Tried since").
+the wrong places, in the position credit (measured: docs/results/toy_failures.md).
 """
 
 from __future__ import annotations

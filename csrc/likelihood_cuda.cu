@@ -11,7 +11,7 @@
 // mixed bf16 latents and float32 stored means need no conversion pass.
 //
 // Compiling with -DFLOWGRPO_KERNELS_ONLY builds the device code without any torch header
-// (tests/test_ops.py does this with nvcc for sm_90 on machines without a CUDA torch).
+// (tests/likelihood/test_ops.py does this with nvcc for sm_90 on machines without a CUDA torch).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

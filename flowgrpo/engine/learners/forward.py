@@ -2,8 +2,8 @@
 
 A rollout of any plan (ODE with any solver, SDE or CPS kernels for exploration, trees) hands the
 learner its leaves: clean latents x0 [L, *latent], their conditioning rows and their advantages (the
-trainer's rules: group z-scores, GDPO, BranchGRPO's depth-wise values at the leaves, best-of-N). For
-every inner epoch each sample gets K training draws (``learner.train_times``):
+rules of flowgrpo/engine/credit.py: group z-scores, GDPO, BranchGRPO's depth-wise values at the leaves,
+best-of-N). For every inner epoch each sample gets K training draws (``learner.train_times``):
 
 - a time t from ``learner.time_sampler``: ``plan`` (K distinct points of the rollout's own grid
   σ_0 … σ_{T−1}, as DiffusionNFT, AWM and DGPO train), ``uniform`` on [time_min, time_max], or
