@@ -78,8 +78,9 @@ class ForwardLearner(Learner):
     def describe(self, leaves_per_prompt: int, trained_per_prompt: int) -> str:
         t, K = self.cfg.train, self.cfg.learner.train_times
         rows = t.prompts_per_iteration * leaves_per_prompt * K
+        epochs = f"{t.inner_epochs} inner epoch" + ("s" if t.inner_epochs != 1 else "")
         return (f"training draws (t, ε) per sample: {K} per inner epoch; per iteration: {rows * t.inner_epochs} "
-                f"({t.inner_epochs} epochs of {rows})\n"
+                f"training rows (sample x draw) over {epochs}\n"
                 f"optimizer steps per iteration: {t.inner_epochs} epochs x {t.updates_per_epoch} updates = "
                 f"{t.inner_epochs * t.updates_per_epoch}; ~{rows // t.updates_per_epoch} training rows (sample x draw) "
                 f"per update in micro-batches of about {t.micro_batch} rows (whole groups) per process")
