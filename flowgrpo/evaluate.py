@@ -7,6 +7,7 @@ the training loop call the same functions, so every reported score is computed o
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -27,9 +28,12 @@ def generate(
     batch_size: int = 64,
     progress: bool = True,
     desc: str = "sampling",
+    noise_index: list[int] | None = None,
 ) -> torch.Tensor:
     """Images [N, 3, H, W] (video models: videos [N, F, 3, H, W]) in [0, 1] for N prompts, by ODE
-    sampling from seeded noise. ``progress``: a bar labelled ``desc`` that counts ODE steps over all batches."""
+    sampling from seeded noise: prompt i's x_T is drawn from (seed, ``noise_index[i]``), by default (seed, i).
+    ``progress``: a bar labelled ``desc`` that counts ODE steps over all batches."""
+    noise_index = list(range(len(prompts))) if noise_index is None else list(noise_index)
     steps = steps or model.config.sample_steps
     sigmas = samplers.time_grid(steps, model.shift)
     images = []
@@ -39,7 +43,7 @@ def generate(
         for start in starts:
             chunk = prompts[start : start + batch_size]
             cond = model.encode_prompts(chunk)
-            x = samplers.eval_noise(model.latent_shape(), seed, range(start, start + len(chunk)))
+            x = samplers.eval_noise(model.latent_shape(), seed, noise_index[start : start + len(chunk)])
             x = x.to(model.device, model.dtype)
             velocity = model.velocity_fn(cond, guidance_scale)
 
@@ -89,28 +93,45 @@ def evaluate(
     batch_size: int = 64,
     progress: bool = True,
     desc: str = "sampling",
+    processes: tuple[int, int, Callable] | None = None,
 ) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Sample every prompt once and score it (``progress``: a bar labelled ``desc`` over the sampling steps).
 
     Returns a JSON-ready summary (mean score, strict accuracy, per-task means, number of images,
     seconds), the images [N, 3, H, W] (videos [N, F, 3, H, W]) in [0, 1] and the per-sample scores [N]
     (NaN = not applicable).
+
+    ``processes`` = (rank, world, gather): every process of a run calls this and samples and scores its
+    contiguous share of the prompts (padded to the same size, so that each makes the same model calls:
+    a sharded network's calls are collectives); ``gather`` (a tensor of every process, concatenated in rank
+    order) gives every process the whole results, equal to one process's (each prompt's noise is drawn
+    from its own index).
     """
     started = time.time()
     reward = load_reward(reward) if isinstance(reward, str) else reward
+    n, index = len(prompts), list(range(len(prompts)))
+    if processes is not None:
+        rank, world, gather = processes
+        per = -(-n // world)
+        index = index[rank * per : (rank + 1) * per]
+        index += [index[-1] if index else 0] * (per - len(index))  # padding: repeats, dropped after the gather
+    mine, mine_meta = [prompts[i] for i in index], None if metadata is None else [metadata[i] for i in index]
     images = generate(
-        model, prompts, seed=seed, steps=steps, guidance_scale=guidance_scale,
-        batch_size=batch_size, progress=progress, desc=desc,
+        model, mine, seed=seed, steps=steps, guidance_scale=guidance_scale,
+        batch_size=batch_size, progress=progress, desc=desc, noise_index=index,
     )
     outputs = [
-        reward(images[i : i + batch_size], prompts[i : i + batch_size],
-               None if metadata is None else metadata[i : i + batch_size])
-        for i in range(0, len(prompts), batch_size)
+        reward(images[i : i + batch_size], mine[i : i + batch_size],
+               None if mine_meta is None else mine_meta[i : i + batch_size])
+        for i in range(0, len(mine), batch_size)
     ]
     scores = torch.cat([o.scores for o in outputs])
     info = {}
     if all("strict" in o.info for o in outputs):
         info["strict"] = torch.cat([torch.as_tensor(o.info["strict"]) for o in outputs])
+    if processes is not None:
+        images, scores = gather(images)[:n], gather(scores)[:n]
+        info = {k: gather(v.float())[:n] for k, v in info.items()}
     tasks = [m.get("task", "all") for m in metadata] if metadata else None
     summary = summarize(scores, info, tasks)
     summary["seconds"] = round(time.time() - started, 2)

@@ -3,18 +3,21 @@
 A checkpoint (``checkpoints/step_<n>/``, written atomically by flowgrpo/run/checkpoint.py) holds
   tensors.safetensors   the policy's tensors: trainable weights ``weights.*``, optimizer state ``optim.*``,
                         every saved copy of the weights (``ema.*``, ``old.*``, ``awm_ema.*``, ``ema_ref.*``,
-                        ``anchor.*``)
+                        ``anchor.*``); a sharded run writes them as ``tensors/``, each process its rows
   state.json            the iteration, optimizer steps and hyper-parameters, the plan schedule's state (a
                         moving window's position), the NFE counters and the resolved config
   model/                the evaluation weights (the EMA when kept) as diffusers writes them: a LoRA file
                         (``pipe.load_lora_weights``) or the transformer folder
 Every random draw is a pure function of (seed, iteration, prompt slot, node), and the learning rate a
-function of the iteration, so a resumed run continues bit-identically (tests/engine/test_resume.py).
+function of the iteration, so a resumed run continues bit-identically (tests/engine/test_resume.py), also
+sharded; a checkpoint of N processes resumes at M (tests/engine/test_sharded.py). Every process calls both.
 """
 
 from __future__ import annotations
 
-from flowgrpo.run.checkpoint import checkpoint_dirs, load_checkpoint, prune_checkpoints, save_checkpoint
+from flowgrpo.run.checkpoint import (
+    checkpoint_contents, checkpoint_dirs, load_checkpoint, prune_checkpoints, save_checkpoint,
+)
 
 
 def save(cfg, policy, schedule, iteration: int, evaluation_copy, config_yaml: str) -> None:
@@ -23,12 +26,12 @@ def save(cfg, policy, schedule, iteration: int, evaluation_copy, config_yaml: st
              "nfe": policy.nfe.state_dict(), "config": config_yaml}
 
     def evaluation_weights(tmp):  # model/: LoRA (diffusers format) or full weights, EMA if kept
-        with policy.using(evaluation_copy):
-            policy.model.save_trainable(tmp / "model")
+        policy.export(tmp / "model", evaluation_copy)
 
     save_checkpoint(cfg.run_dir / "checkpoints" / f"step_{iteration}", policy.state_tensors(), state,
                     extra=evaluation_weights)
-    prune_checkpoints(cfg.run_dir, cfg.log.keep_checkpoints)
+    if policy.rank == 0:
+        prune_checkpoints(cfg.run_dir, cfg.log.keep_checkpoints)
 
 
 def resume(cfg, policy, schedule):
@@ -37,7 +40,8 @@ def resume(cfg, policy, schedule):
     found = checkpoint_dirs(cfg.run_dir)
     if not (cfg.resume and found):
         return None
-    tensors, state = load_checkpoint(found[-1])
+    saved, state = checkpoint_contents(found[-1])
+    tensors = load_checkpoint(found[-1], policy.load_targets(saved))
     policy.load_state(tensors, state)
     schedule.load_state_dict(state["schedule"])
     policy.nfe.load_state_dict(state["nfe"])

@@ -30,10 +30,13 @@ class HeldOut:
         e, log = self.cfg.eval, self.cfg.log
         prompts, metadata = read_prompts(e.prompts, e.limit)
         seed = self.cfg.train.seed + EVAL_SEED_OFFSET
+        # every process evaluates its share of the prompts (each prompt's noise is its own): faster with several,
+        # and needed when sharded (every model call is a collective); each then holds the whole results
+        processes = (policy.rank, policy.world, policy.gather) if policy.world > 1 else None
         with policy.using(weights), policy.autocast():  # a labelled bar: the base model's evaluation takes a while
             summary, media, scores = evaluate(policy.model, prompts, e.reward, metadata, seed=seed, steps=e.steps,
-                                              batch_size=e.batch_size, progress=log.progress,
-                                              desc=f"held-out eval (iteration {iteration})")
+                                              batch_size=e.batch_size, progress=log.progress and policy.rank == 0,
+                                              desc=f"held-out eval (iteration {iteration})", processes=processes)
         strict = f"; strict accuracy {summary['strict_accuracy']:.3f}" if "strict_accuracy" in summary else ""
         self.writer.info(f"held-out {e.reward} at iteration {iteration}: {summary['mean_score']:.3f} "
                          f"({summary['num_images']} samples{strict})")

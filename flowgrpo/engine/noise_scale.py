@@ -86,8 +86,11 @@ class NoiseScale:
 class GradientProbe:
     """Per-micro-batch gradients of a probed optimizer step (see the module docstring)."""
 
-    def __init__(self, params: list[torch.nn.Parameter], window: int = 20):
+    def __init__(self, params: list[torch.nn.Parameter], window: int = 20, total=None):
+        """``total``: a float summed over processes, when the parameters are sharded (each process sees its rows of
+        a gradient that the backward has already summed over processes; the units are summed the same way)."""
         self.params = params
+        self.total = total
         self.scale = NoiseScale(window)
         self.active = False
         self._previous: list[torch.Tensor] | None = None
@@ -98,15 +101,24 @@ class GradientProbe:
         self._points = []
 
     def _flat(self) -> list[torch.Tensor]:
-        return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        """This process's gradient entries (its rows of sharded ones)."""
+        def mine(t):
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        return [mine(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(mine(p)) for p in self.params]
+
+    def _summed(self, value: float) -> float:
+        return self.total(value) if self.total is not None else value
 
     def after_backward(self, units: int) -> None:
         if not self.active:
             return
         current = self._flat()
         previous = self._previous or [torch.zeros_like(c) for c in current]
-        sq = sum(float((c - p).double().square().sum()) for c, p in zip(current, previous))
-        self._points.append((sq, float(units)))
+        sq = self._summed(sum(float((c - p).double().square().sum()) for c, p in zip(current, previous)))
+        units = self._summed(float(units))
+        if units > 0:  # a sharded process's zero-loss filler adds no prompts (Policy.matched)
+            self._points.append((sq, units))
         self._previous = current
 
     def end_step(self, units: int) -> dict:
@@ -115,7 +127,7 @@ class GradientProbe:
         if not self.active or len(self._points) < 2:
             return {}
         total = sum(b for _, b in self._points)
-        full = sum(float(g.double().square().sum()) for g in self._flat())
+        full = self._summed(sum(float(g.double().square().sum()) for g in self._flat()))
         # a micro-batch's gradient is (b_i / B) × its own mean gradient: rescale to means
         sq = torch.tensor([s * (total / b) ** 2 for s, b in self._points] + [full])
         sizes = torch.tensor([b for _, b in self._points] + [total])

@@ -7,6 +7,7 @@ A learner (flowgrpo/engine/learners/) sees the training run only through this ob
     policy.copy(name, keep, follows)                            a new copy of the weights (flowgrpo/engine/copies.py)
     policy.zero_grad(); policy.backward(loss, prompts); policy.step(prompts)
     policy.gather(tensor)                                       a tensor from every process, concatenated
+    policy.matched(parts, spare)                                micro-batches padded so every process makes as many
     policy.probe.active                                         whether this step measures the gradient noise
     policy.optimizer_steps, policy.skipped_steps, policy.latent_shape, policy.device
 
@@ -16,6 +17,10 @@ adapter disabled, or its frozen copy), and so their checkpoint tensors. Every mo
 through it is counted (``nfe``: train_forward per row, and train_backward for the calls with gradient), and
 the copies that follow the weights are updated here, after each optimizer step or iteration, never by
 the learners. The training loop (flowgrpo/engine/trainer.py) builds it and calls ``end_iteration``.
+
+Launched with FSDP2 (configs/accelerate/fsdp2.yaml) it shards its networks first (flowgrpo/engine/sharding.py):
+the parameters, gradients, optimizer state and every copy are then DTensors, 1/N of each on each process,
+and the same calls work unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 import samplers
 from flowgrpo.engine.copies import WeightCopy
 from flowgrpo.engine.noise_scale import GradientProbe
+from flowgrpo.engine.sharding import Sharding, fsdp_plugin, full
 
 REFERENCE = "reference"  # weights=REFERENCE: the reference policy (the base model)
 
@@ -38,7 +44,14 @@ class Policy:
     def __init__(self, model, accelerator, *, learning_rate: float, weight_decay: float, adam_betas: Sequence[float],
                  grad_clip: float):
         self.model, self.acc = model, accelerator
-        self.world = accelerator.num_processes
+        self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        plugin = fsdp_plugin(accelerator)
+        self.sharding = Sharding(plugin, accelerator) if plugin is not None else None
+        if self.sharding is not None:  # before the optimizer: it holds the sharded parameters
+            if getattr(plugin, "activation_checkpointing", False) and not model.config.gradient_checkpointing:
+                model.transformer.enable_gradient_checkpointing()
+            for network in model.networks():
+                self.sharding.shard(network, model.dtype)
         self.params = model.trainable_parameters()
         self.names = [f"p{i}" for i in range(len(self.params))]
         self.optimizer = torch.optim.AdamW(self.params, lr=learning_rate, weight_decay=weight_decay,
@@ -46,7 +59,8 @@ class Policy:
         self.grad_clip = grad_clip
         self.copies: dict[str, WeightCopy] = {}
         self.nfe = samplers.NFECounter()
-        self.probe = GradientProbe(self.params)  # the gradient noise scale (log.grad_noise_every)
+        # the gradient noise scale (log.grad_noise_every); sharded, each backward's gradient is summed over processes
+        self.probe = GradientProbe(self.params, total=self.sharding.total if self.sharding else None)
         self.optimizer_steps, self.skipped_steps = 0, 0
 
     # ---------------------------------------------------------------- what the model is
@@ -126,6 +140,17 @@ class Policy:
             self.acc.backward(loss)
         self.probe.after_backward(prompts)
 
+    def matched(self, parts: list, spare) -> list[tuple[object, bool]]:
+        """This process's micro-batches of an optimizer step as ``(part, True)``, then, sharded, ``(filler, False)``
+        until it has as many as the process with the most: every forward and backward of a sharded network is a
+        collective, so each process must make the same calls. A filler (this process's first part, else
+        ``spare()``) is computed with its loss times 0: the same calls, no gradient, no diagnostics."""
+        marked = [(part, True) for part in parts]
+        if self.sharding is None:
+            return marked
+        missing = self.sharding.most(len(parts)) - len(parts)
+        return marked + [(parts[0] if parts else spare(), False)] * missing
+
     def step(self, prompts: int = 0) -> tuple[float, dict]:
         """Sum gradients over processes, clip, and take the optimizer step; then the copies that follow
         every step follow. Returns (gradient norm, the probe's metrics of this step). A step without
@@ -134,11 +159,13 @@ class Policy:
         collapsed after a few such steps)."""
         probed = self.probe.end_step(prompts)
         grads = [p.grad for p in self.params if p.grad is not None]
-        if self.world > 1:
+        if self.world > 1 and self.sharding is None:  # sharded, the backward has summed them already
             for g in grads:
                 torch.distributed.all_reduce(g)
         if self.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+            norm = full(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
+        elif self.sharding is not None:
+            norm = torch.tensor(self.sharding.total(sum(float(g.to_local().double().square().sum()) for g in grads)) ** 0.5)
         else:
             norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) if grads else torch.tensor(0.0)
         if float(norm) == 0.0:
@@ -148,6 +175,18 @@ class Policy:
         self.optimizer_steps += 1
         self._follow("step")
         return float(norm), probed
+
+    def export(self, folder, weights: WeightCopy | None = None) -> None:
+        """Write ``weights`` (a copy, or None for the current ones) as diffusers writes them (``model.save_trainable``):
+        sharded, every process calls it and the main one writes the whole tensors, gathered one at a time."""
+        with self.using(weights):
+            if self.sharding is None:
+                if self.acc.is_main_process:
+                    self.model.save_trainable(folder)
+                return
+            whole = {name: full(value).cpu() for name, value in self.model.trained_state().items()}
+        if self.acc.is_main_process:
+            self.model.save_trainable(folder, whole)
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` of every process, concatenated in rank order (itself on one process); on the CPU."""
@@ -171,6 +210,21 @@ class Policy:
         from flowgrpo.run.checkpoint import optimizer_to_flat
 
         return {"optimizer": optimizer_to_flat(self.optimizer)[1], "optimizer_steps": self.optimizer_steps}
+
+    def load_targets(self, saved: dict[str, tuple[torch.Size, torch.dtype]]) -> dict[str, torch.Tensor]:
+        """Empty tensors to load a checkpoint's tensors into (``saved``: name -> (whole shape, dtype)), laid out as this
+        run holds them: a parameter's, its copies' and its Adam moments' rows of this process (DTensors when
+        sharded, so a checkpoint of any number of processes loads), everything else whole."""
+        by_name = dict(zip(self.names, self.params))
+        targets = {}
+        for key, (shape, dtype) in saved.items():
+            owner = key.split(".")[-1] if not key.startswith("optim.") else f"p{key.split('.')[1]}"
+            param = by_name.get(owner)
+            if param is not None and tuple(param.shape) == tuple(shape):
+                targets[key] = torch.empty_like(param, dtype=dtype, requires_grad=False)
+            else:
+                targets[key] = torch.empty(shape, dtype=dtype)
+        return targets
 
     def load_state(self, tensors: dict[str, torch.Tensor], state: dict) -> None:
         """Restore what ``state_tensors`` and ``state_dict`` saved (the copies and parameters in place)."""

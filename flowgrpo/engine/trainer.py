@@ -136,11 +136,10 @@ class Trainer:
                                       cfg.log.samples_per_prompt, cfg.train.seed, cfg.log.video_fps, self.model.preview,
                                       sampled_iteration=iteration, shared_noise=plan.initial_noise == "shared")
         if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or self.iteration == cfg.train.iterations:
-            if self.acc.is_main_process:
-                try:
-                    metrics.update(self.evaluate())
-                except Interrupted:  # this iteration's training is done: logged and saved without its evaluation
-                    pass
+            try:  # every process evaluates its share of the held-out prompts
+                metrics.update(self.evaluate())
+            except Interrupted:  # this iteration's training is done: logged and saved without its evaluation
+                pass
             self.acc.wait_for_everyone()
         metrics["time/iteration"] = time.time() - started
         self.writer.log(self.iteration, metrics)
@@ -152,8 +151,8 @@ class Trainer:
         return self.held_out.evaluate(self.policy, self.ema, self.iteration)
 
     def save(self) -> None:
-        if self.acc.is_main_process:
-            checkpointing.save(self.cfg, self.policy, self.schedule, self.iteration, self.ema, to_yaml(self.cfg))
+        """A checkpoint of the iteration done: every process calls it (sharded, each writes its rows)."""
+        checkpointing.save(self.cfg, self.policy, self.schedule, self.iteration, self.ema, to_yaml(self.cfg))
         self.acc.wait_for_everyone()
 
     def resume(self) -> bool:
@@ -197,7 +196,7 @@ class Trainer:
         self._steps_at_checkpointable = self.policy.optimizer_steps + self.policy.skipped_steps
         signals = StopSignals(denoisers(self.model), ready=self._checkpointable, on_signal=self._on_signal).install()
         last = {}
-        if cfg.eval.at_start and not resumed and self.acc.is_main_process:
+        if cfg.eval.at_start and not resumed:  # every process: its share of the prompts
             try:
                 last = self.evaluate()
             except BaseException as stop:

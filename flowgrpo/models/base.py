@@ -549,11 +549,29 @@ class FlowModel:
                 for p, flag in zip(trainable, requires_grad):
                     p.requires_grad_(flag)
 
-    def save_trainable(self, folder: str | os.PathLike) -> None:
-        """LoRA: diffusers' LoRA file (loads with ``pipe.load_lora_weights``, alpha kept); full: the transformer."""
+    def networks(self) -> list[torch.nn.Module]:
+        """The networks a sharded run shards: the trained transformer, and the frozen reference copy when kept."""
+        return [self.transformer] + ([self._reference_transformer] if self._reference_transformer is not None else [])
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """What ``save_trainable`` writes, by state-dict name: the LoRA weights, or the whole transformer's state."""
+        state = self.transformer.state_dict()
+        return state if self.config.finetune == "full" else {n: state[n] for n in self._trainable_names}
+
+    def save_trainable(self, folder: str | os.PathLike, state: Optional[dict[str, torch.Tensor]] = None) -> None:
+        """LoRA: diffusers' LoRA file (loads with ``pipe.load_lora_weights``, alpha kept); full: the transformer
+        folder (``from_pretrained``). ``state``: ``trained_state()``'s tensors to write instead of the module's own
+        (a sharded run gathers them whole first)."""
         os.makedirs(folder, exist_ok=True)
         if self.config.finetune == "full":
-            self.transformer.save_pretrained(folder, safe_serialization=True)
+            if state is None:
+                self.transformer.save_pretrained(folder, safe_serialization=True)
+                return
+            from huggingface_hub import save_torch_state_dict
+
+            self.transformer.save_config(folder)
+            save_torch_state_dict(state, folder, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
+                                  max_shard_size="10GB")
             return
         from peft.utils import get_peft_model_state_dict
 
@@ -561,7 +579,7 @@ class FlowModel:
         metadata = {k: sorted(v) if isinstance(v, set) else v for k, v in metadata.items()}
         self.pipeline_class.save_lora_weights(
             folder,
-            transformer_lora_layers=get_peft_model_state_dict(self.transformer, adapter_name=ADAPTER_NAME),
+            transformer_lora_layers=get_peft_model_state_dict(self.transformer, state_dict=state, adapter_name=ADAPTER_NAME),
             transformer_lora_adapter_metadata=metadata,
             safe_serialization=True,
         )

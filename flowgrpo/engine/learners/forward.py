@@ -144,6 +144,11 @@ class ForwardLearner(Learner):
         (``weights=flowgrpo.engine.policy.REFERENCE``)."""
         return self.policy.velocity(x, t, cond, self.guidance, weights)
 
+    @staticmethod
+    def stand_in(rollouts: Rollouts) -> Sample:
+        """A sample for a sharded process that trains none this step (its loss is multiplied by 0)."""
+        return Sample(0, 0, 0.0, -1, (0, 0))
+
     # ---------------------------------------------------------------- the update
     def update(self, rollouts: Rollouts) -> dict:
         policy, t_cfg = self.policy, self.cfg.train
@@ -168,33 +173,40 @@ class ForwardLearner(Learner):
                 limit = t_cfg.micro_batch
                 if policy.probe.active:
                     limit = min(limit, -(-sum(len(by_group[g]) for g in chunk) * self.cfg.learner.train_times // 4))
-                micro, rows = [], 0
+                parts, micro, rows = [], [], 0
                 for g in chunk + [None]:
                     if g is not None:
                         micro.append(g)
                         rows += len(by_group[g]) * self.cfg.learner.train_times
                     if micro and (g is None or rows >= limit):
-                        members = [samples[i] for h in micro for i in by_group[h]]
-                        loss, d = self.micro_loss(members, rollouts.batches, epoch, space, first=epoch == 0 and u == 0)
-                        policy.backward(loss, len({s.key[0] for s in members}))
-                        diag["loss"].append(loss.detach().reshape(1))
-                        for key, value in d.items():
-                            diag.setdefault(key, []).append(value.detach().float().reshape(-1).cpu())
-                        if epoch == 0 and u == 0 and self.contract_metric:
-                            contract.append(float(d[self.contract_metric].max()))
+                        parts.append([samples[i] for h in micro for i in by_group[h]])
                         micro, rows = [], 0
+                for members, real in policy.matched(parts, lambda: [self.stand_in(rollouts)]):
+                    loss, d = self.micro_loss(members, rollouts.batches, epoch, space, first=epoch == 0 and u == 0)
+                    if not real:  # the same model calls as the other processes, no gradient, no diagnostics
+                        policy.backward(loss * 0.0)
+                        continue
+                    policy.backward(loss, len({s.key[0] for s in members}))
+                    diag["loss"].append(loss.detach().reshape(1))
+                    for key, value in d.items():
+                        diag.setdefault(key, []).append(value.detach().float().reshape(-1).cpu())
+                    if epoch == 0 and u == 0 and self.contract_metric:
+                        contract.append(float(d[self.contract_metric].max()))
                 norm, probed = policy.step(len({samples[i].key[0] for g in chunk for i in by_group[g]}))
                 diag["grad_norm"].append(torch.tensor([norm]))
         cat = {k: torch.cat(v) for k, v in diag.items() if v}
+        # the loss summed over processes (each process's share is normalised globally), the contract's worst row
+        local = torch.tensor([float(cat["loss"].sum()) if "loss" in cat else 0.0, max(contract) if contract else 0.0], dtype=torch.float64)
+        every = policy.gather(local.view(1, 2))
         metrics = {
-            "loss": float(cat["loss"].sum()) / max(1, t_cfg.inner_epochs) if "loss" in cat else 0.0,
+            "loss": float(every[:, 0].sum()) / max(1, t_cfg.inner_epochs),
             "grad_norm": float(cat["grad_norm"].mean()) if "grad_norm" in cat else 0.0,
             "trained_samples": int(policy.gather(torch.tensor([len(samples)])).sum()),
             "skipped_steps": policy.skipped_steps - skipped_before,
         }
         metrics.update({f"{self.name}/{k}": float(v.mean()) for k, v in cat.items() if k not in ("loss", "grad_norm")})
         if self.contract_metric:
-            metrics[f"{self.contract_metric}_epoch0"] = max(contract) if contract else 0.0
+            metrics[f"{self.contract_metric}_epoch0"] = float(every[:, 1].max())
         metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
         return metrics
 

@@ -81,8 +81,16 @@ class TransitionLearner(Learner):
             for u, chunk in enumerate(chunks):
                 selected = [i for i, row in enumerate(rows) if row[4] in chunk]
                 policy.zero_grad()
-                for part in self._micro_batches(selected, rows, t.micro_batch, policy.probe.active):
-                    loss, d = self._micro_step([rows[i] for i in part], [coef[i] * t.updates_per_epoch for i in part], batches)
+                parts = self._micro_batches(selected, rows, t.micro_batch, policy.probe.active)
+                for part, real in policy.matched(parts, lambda: [0] if rows else None):
+                    if part is None:  # a sharded process without a transition this iteration: a zero-weight stand-in
+                        loss, _ = self._micro_step([(0, 0, 0.0, 0.0, -1, -1)], [0.0], batches)
+                    else:
+                        loss, d = self._micro_step([rows[i] for i in part],
+                                                   [coef[i] * t.updates_per_epoch if real else 0.0 for i in part], batches)
+                    if not real:  # the same model calls as the other processes, no gradient, no diagnostics
+                        policy.backward(loss * 0.0)
+                        continue
                     policy.backward(loss, len({rows[i][5] for i in part}))
                     for key in ("log_ratio", "clipped_high", "clipped_low", "approx_kl", "kl"):
                         diag[key].append(d[key])
@@ -93,9 +101,12 @@ class TransitionLearner(Learner):
                 norm, probed = policy.step(len({rows[i][5] for i in selected}))
                 diag["grad_norm"].append(torch.tensor([norm]))
         cat = {k: torch.cat(v) if v else torch.zeros(0) for k, v in diag.items()}
+        # the loss summed over processes (each process's share is normalised globally), the contract's worst row
+        local = torch.tensor([float(cat["loss"].sum()), float(cat["ratio_dev_epoch0"].max()) if cat["ratio_dev_epoch0"].numel() else 0.0], dtype=torch.float64)
+        every = policy.gather(local.view(1, 2))
         metrics = {
-            "loss": float(cat["loss"].sum()) / max(1, t.inner_epochs),
-            "max_abs_ratio_minus_1_epoch0": float(cat["ratio_dev_epoch0"].max()) if cat["ratio_dev_epoch0"].numel() else 0.0,
+            "loss": float(every[:, 0].sum()) / max(1, t.inner_epochs),
+            "max_abs_ratio_minus_1_epoch0": float(every[:, 1].max()),
             "clip_frac_high": float(cat["clipped_high"].mean()) if cat["clipped_high"].numel() else 0.0,
             "clip_frac_low": float(cat["clipped_low"].mean()) if cat["clipped_low"].numel() else 0.0,
             "approx_kl": float(cat["approx_kl"].mean()) if cat["approx_kl"].numel() else 0.0,

@@ -1,0 +1,186 @@
+"""FSDP2 in several CPU processes (gloo) trains what one process trains, and its checkpoints move between
+process counts.
+
+Launches are real: ``torch.distributed.run`` with the variables ``accelerate launch --config_file
+configs/accelerate/fsdp2.yaml`` sets (FSDP_VERSION=2 ...), and the config file itself through ``accelerate
+launch`` for the two-machine test. What differs between 1 and 2 processes is float rounding alone: each
+process runs the model on its own prompts (another batch composition), so a velocity can differ in its last
+bits, and a group z-score of nearly tied rewards magnifies that from the second iteration on; hence the
+relative tolerances of tests/engine/test_train_distributed.py for those comparisons. Sharding itself
+changes nothing: 2 sharded processes equal 2 unsharded ones to the bit, and resumes are bit-identical.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowgrpo.run.checkpoint import checkpoint_contents, load_checkpoint
+from train_fixtures import overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+            "FSDP_RESHARD_AFTER_FORWARD": "true"}
+SMALL = {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "train.iterations": 3,
+         "train.prompts_per_iteration": 4, "train.learning_rate": 1e-4, "log.samples_every": 0}
+# as tests/engine/test_train_distributed.py: per-iteration metrics (relative) and final weights (norm)
+RELATIVE = {"reward/brightness_mean": 1e-5, "loss": 2e-3, "grad_norm": 2e-3}
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **extra}
+
+
+def _train(nproc: int, out: Path, model_dir: str, *args: str, sharded: bool = True, script: str = "train_t2i.py",
+           reward: str = "'train_fixtures:Brightness'", **settings) -> Path:
+    """Train in ``nproc`` processes (sharded with FSDP2 when ``sharded`` and nproc > 1); returns the run folder."""
+    cfg = overrides(model_dir, out, **{**SMALL, **settings})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(ROOT / script), *args, *cfg, f"rewards=[{{name: {reward}}}]"]
+    env = _env(**(FSDP_ENV if sharded and nproc > 1 else {}))
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (run,) = [p for p in Path(out).iterdir() if (p / "metrics.jsonl").is_file()]
+    return run
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _tensors(run: Path, step: int) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint, whole (one file or one per process)."""
+    folder = run / "checkpoints" / f"step_{step}"
+    saved, _ = checkpoint_contents(folder)
+    return load_checkpoint(folder, {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in saved.items()})
+
+
+def _assert_same_training(one: Path, two: Path, counted: str, learning_rate: float, step: int = 3) -> None:
+    """The same training in 1 and in 2 processes: per-iteration metrics within RELATIVE, counts exactly, and
+    every weight (and copy of the weights) as close as Adam allows: its first steps move each element by
+    ±learning rate whatever the gradient's size, so an element whose gradient is near 0 may step either way
+    in two runs that round differently; every element stays within 2·lr·steps, and at most 10% of a tensor's
+    elements differ by more than 1e-3 of its largest (a gradient not summed over processes moves most of them)."""
+    a, b = _metrics(one), _metrics(two)
+    assert len(a) == len(b) == step
+    reward = next(k for k in a[0] if k.startswith("reward/") and k.endswith("_mean"))
+    for key, rel in {**RELATIVE, reward: RELATIVE["reward/brightness_mean"]}.items():
+        if key in a[0]:
+            assert [r[key] for r in a] == pytest.approx([r[key] for r in b], rel=rel, abs=1e-7), key
+    assert [r[counted] for r in a] == [r[counted] for r in b], counted
+    wa, wb = _tensors(one, step), _tensors(two, step)
+    assert wa.keys() == wb.keys()
+    for key in (k for k in wa if not k.startswith("optim.")):  # weights and every copy of them
+        difference, scale = (wa[key] - wb[key]).abs(), float(wa[key].abs().max())
+        assert float(difference.max()) <= 2 * learning_rate * step * 1.01 + 1e-7 * scale, key
+        assert float((difference > 1e-3 * scale).float().mean()) <= 0.1, key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset, counted, settings", [
+    ("flow_grpo", "trained_transitions", {}),
+    ("branchgrpo", "trained_transitions", {"sampling.plan.group_size": 1, "sampling.plan.num_steps": 8,
+                                           "sampling.plan.splits": "[0,3]"}),
+    (None, "trained_samples", {"model.finetune": "full", "train.learning_rate": 1e-5}),
+], ids=["flow_grpo", "branchgrpo", "nft-full"])
+def test_sharded_equals_one_process(tiny_sd3_dir, tmp_path, preset, counted, settings):
+    """The transition learner (with its ratio == 1 contract), a tree plan (groups whole on a process), and full
+    fine-tuning (every transformer weight sharded, the frozen reference copy too)."""
+    args = ["--preset", preset] if preset else []
+    one = _train(1, tmp_path / "one", tiny_sd3_dir, *args, **settings)
+    two = _train(2, tmp_path / "two", tiny_sd3_dir, *args, **settings)
+    _assert_same_training(one, two, counted, settings.get("train.learning_rate", SMALL["train.learning_rate"]))
+    if counted == "trained_transitions":  # the rollout's log-probs are the trained policy's at inner epoch 0
+        assert all(r["max_abs_ratio_minus_1_epoch0"] == 0.0 for r in _metrics(two))
+    if settings.get("model.finetune") == "full":  # the exported transformer folder loads with diffusers
+        from diffusers import SD3Transformer2DModel
+
+        exported = SD3Transformer2DModel.from_pretrained(two / "checkpoints" / "step_3" / "model")
+        reference = SD3Transformer2DModel.from_pretrained(one / "checkpoints" / "step_3" / "model")
+        for (name, p), q in zip(exported.state_dict().items(), reference.state_dict().values()):
+            assert float((p - q).abs().max()) <= 2 * 1e-5 * 3 * 1.01 + 1e-7 * float(q.abs().max()), name
+
+
+@pytest.mark.slow
+def test_sharded_default_trains_resumes_and_reshards(tiny_sd3_dir, tmp_path):
+    """The default (DiffusionNFT, LoRA) sharded over 2 processes: equal to 1 process and to 2 unsharded ones
+    (bit for bit: sharding changes no number); stopped after iteration 2 and resumed, bit-identical to the
+    uninterrupted run; its checkpoint resumes at 1 and 4 processes, and a 1-process one at 2, each holding
+    exactly the saved weights, copies and optimizer state; the exported LoRA equals the unsharded run's."""
+    one = _train(1, tmp_path / "one", tiny_sd3_dir)
+    two = _train(2, tmp_path / "two", tiny_sd3_dir)
+    _assert_same_training(one, two, "trained_samples", SMALL["train.learning_rate"])
+    assert all(r["max_abs_vplus_minus_vold_epoch0"] == 0.0 for r in _metrics(two)[:1])  # θ_old = θ at the start
+    plain = _train(2, tmp_path / "plain", tiny_sd3_dir, sharded=False)
+    assert (two / "checkpoints" / "step_3" / "tensors").is_dir() and (plain / "checkpoints" / "step_3" / "tensors.safetensors").is_file()
+    ws, wp = _tensors(two, 3), _tensors(plain, 3)
+    assert all(torch.equal(ws[k], wp[k]) for k in wp), [k for k in wp if not torch.equal(ws[k], wp[k])][:5]
+    for key in ("reward/brightness_mean", "loss", "trained_samples"):
+        assert [r[key] for r in _metrics(two)] == [r[key] for r in _metrics(plain)], key
+    from safetensors.torch import load_file
+
+    lora_s = load_file(two / "checkpoints" / "step_3" / "model" / "pytorch_lora_weights.safetensors")
+    lora_p = load_file(plain / "checkpoints" / "step_3" / "model" / "pytorch_lora_weights.safetensors")
+    assert lora_s.keys() == lora_p.keys() and all(torch.equal(lora_s[k], lora_p[k]) for k in lora_p)
+
+    # stopped after 2 iterations and resumed: bit-identical
+    stopped = _train(2, tmp_path / "resumed", tiny_sd3_dir, **{"train.iterations": 2})
+    _train(2, tmp_path / "resumed", tiny_sd3_dir, "allow_config_change=true")
+    assert [r["loss"] for r in _metrics(stopped)] == [r["loss"] for r in _metrics(two)]
+    wr = _tensors(stopped, 3)
+    assert all(torch.equal(ws[k], wr[k]) for k in ws), [k for k in ws if not torch.equal(ws[k], wr[k])][:5]
+
+    # other process counts: 2 -> 1 (in this process), 2 -> 4, 1 -> 2
+    from flowgrpo.config import load_config
+    from flowgrpo.engine.trainer import Trainer
+
+    cfg = load_config(default=str(two / "config.yaml"))
+    trainer = Trainer(cfg)
+    assert trainer.resume() and trainer.iteration == 3
+    held = trainer.policy.state_tensors()
+    assert held.keys() == ws.keys() and all(torch.equal(held[k].cpu(), ws[k]) for k in ws)
+    for nproc, run in ((4, two), (2, one)):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               str(ROOT / "tests" / "engine" / "sharded_load.py"), str(run / "config.yaml")]
+        result = subprocess.run(cmd, capture_output=True, text=True, env=_env(**FSDP_ENV), timeout=600, cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-4000:]
+        assert f"resumed equal: {len(ws)} tensors" in result.stdout and f"at {nproc} processes" in result.stdout
+
+
+@pytest.mark.slow
+def test_sharded_video(tiny_wan_dir, tmp_path):
+    """The text-to-video default (DiffusionNFT on the tiny Wan2.1) sharded over 2 processes equals 1 process."""
+    video = {"train.iterations": 2, "eval.limit": 2, "eval.reward": "toy_video"}
+    frames = "per_frame, kwargs: {reward: 'train_fixtures:Brightness'}"
+    one = _train(1, tmp_path / "one", tiny_wan_dir, script="train_t2v.py", reward=frames, **video)
+    two = _train(2, tmp_path / "two", tiny_wan_dir, script="train_t2v.py", reward=frames, **video)
+    _assert_same_training(one, two, "trained_samples", SMALL["train.learning_rate"], step=2)
+
+
+@pytest.mark.slow
+def test_two_machines_on_localhost(tiny_sd3_dir, tmp_path):
+    """``accelerate launch --config_file configs/accelerate/fsdp2.yaml`` on two "machines" (machine ranks 0 and 1,
+    one process each, rendezvous on localhost) trains what 2 processes on one machine train, to the bit."""
+    cfg = overrides(tiny_sd3_dir, tmp_path / "machines", **{**SMALL, "train.iterations": 2})
+    port = str(29500 + os.getpid() % 1000)
+    launches = []
+    for rank in (0, 1):
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "configs" / "accelerate" / "fsdp2.yaml"), "--num_machines", "2", "--num_processes", "2",
+               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port,
+               str(ROOT / "train_t2i.py"), *cfg, "rewards=[{name: 'train_fixtures:Brightness'}]"]
+        launches.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         env=_env(), cwd=ROOT))
+    for launch in launches:
+        _, err = launch.communicate(timeout=600)
+        assert launch.returncode == 0, err[-4000:]
+    (machines,) = [p for p in (tmp_path / "machines").iterdir() if (p / "metrics.jsonl").is_file()]
+    single = _train(2, tmp_path / "single", tiny_sd3_dir, **{"train.iterations": 2})
+    assert [r["loss"] for r in _metrics(machines)] == [r["loss"] for r in _metrics(single)]
+    a, b = _tensors(machines, 2), _tensors(single, 2)
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])][:5]
