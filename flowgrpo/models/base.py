@@ -297,8 +297,7 @@ class FlowModel:
         self._reference_transformer: Optional[torch.nn.Module] = None
         self._in_reference = False
         self._setup_finetune()
-        # what velocity() calls for the policy: the trainer may set it to the DDP/FSDP-wrapped
-        # transformer (accelerator.prepare(model.transformer)) so gradients synchronise
+        # what velocity() calls for the policy (sharded runs shard the transformer in place: still this one)
         self.forward_module: torch.nn.Module = self.transformer
 
     # ---------------------------------------------------------------- set-up
