@@ -8,6 +8,8 @@ process runs the model on its own prompts (another batch composition), so a velo
 bits, and a group z-score of nearly tied rewards magnifies that from the second iteration on; hence the
 relative tolerances of tests/engine/test_train_distributed.py for those comparisons. Sharding itself
 changes nothing: 2 sharded processes equal 2 unsharded ones to the bit, and resumes are bit-identical.
+Every test here runs several processes: ``xdist_group("processes")`` keeps them on one pytest worker (the
+suite runs with ``--dist loadgroup``), so two of them never share the 2 cores at once.
 """
 
 import json
@@ -81,22 +83,33 @@ def _assert_same_training(one: Path, two: Path, counted: str, learning_rate: flo
         assert float((difference > 1e-3 * scale).float().mean()) <= 0.1, key
 
 
+CASES = {  # name -> (preset, the count of what it trains, settings)
+    "flow_grpo": ("flow_grpo", "trained_transitions", {}),
+    "flow_grpo-full": ("flow_grpo", "trained_transitions", {"model.finetune": "full", "train.learning_rate": 1e-5}),
+    "flow_grpo-fused": ("flow_grpo", "trained_transitions", {"loss.likelihood_backend": "fused"}),
+    "branchgrpo": ("branchgrpo", "trained_transitions", {"sampling.plan.group_size": 1, "sampling.plan.num_steps": 8,
+                                                         "sampling.plan.splits": "[0,3]"}),
+    "nft-full": (None, "trained_samples", {"model.finetune": "full", "train.learning_rate": 1e-5}),
+    "awm": ("awm", "trained_samples", {"learner.train_times": 2}),
+    "dgpo": ("dgpo", "trained_samples", {"learner.train_times": 2, "learner.time_min": 0.5}),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, counted, settings", [
-    ("flow_grpo", "trained_transitions", {}),
-    ("branchgrpo", "trained_transitions", {"sampling.plan.group_size": 1, "sampling.plan.num_steps": 8,
-                                           "sampling.plan.splits": "[0,3]"}),
-    (None, "trained_samples", {"model.finetune": "full", "train.learning_rate": 1e-5}),
-], ids=["flow_grpo", "branchgrpo", "nft-full"])
-def test_sharded_equals_one_process(tiny_sd3_dir, tmp_path, preset, counted, settings):
-    """The transition learner (with its ratio == 1 contract), a tree plan (groups whole on a process), and full
-    fine-tuning (every transformer weight sharded, the frozen reference copy too)."""
+@pytest.mark.xdist_group("processes")
+@pytest.mark.parametrize("case", list(CASES))
+def test_sharded_equals_one_process(tiny_sd3_dir, tmp_path, case):
+    """Every learner family sharded over 2 processes: the transition learner (its ratio == 1 contract; the
+    fused likelihood op), a tree plan (groups whole on a process), the forward-process learners (NFT, AWM,
+    DGPO), and full fine-tuning (every transformer weight sharded, the frozen reference copy too)."""
+    preset, counted, settings = CASES[case]
     args = ["--preset", preset] if preset else []
     one = _train(1, tmp_path / "one", tiny_sd3_dir, *args, **settings)
     two = _train(2, tmp_path / "two", tiny_sd3_dir, *args, **settings)
     _assert_same_training(one, two, counted, settings.get("train.learning_rate", SMALL["train.learning_rate"]))
     if counted == "trained_transitions":  # the rollout's log-probs are the trained policy's at inner epoch 0
-        assert all(r["max_abs_ratio_minus_1_epoch0"] == 0.0 for r in _metrics(two))
+        exact = settings.get("loss.likelihood_backend") != "fused"  # exact with the reference backend (docs/ops.md)
+        assert all(r["max_abs_ratio_minus_1_epoch0"] <= (0.0 if exact else 1e-5) for r in _metrics(two))
     if settings.get("model.finetune") == "full":  # the exported transformer folder loads with diffusers
         from diffusers import SD3Transformer2DModel
 
@@ -107,6 +120,7 @@ def test_sharded_equals_one_process(tiny_sd3_dir, tmp_path, preset, counted, set
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")
 def test_sharded_default_trains_resumes_and_reshards(tiny_sd3_dir, tmp_path):
     """The default (DiffusionNFT, LoRA) sharded over 2 processes: equal to 1 process and to 2 unsharded ones
     (bit for bit: sharding changes no number); stopped after iteration 2 and resumed, bit-identical to the
@@ -153,6 +167,7 @@ def test_sharded_default_trains_resumes_and_reshards(tiny_sd3_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")
 def test_sharded_video(tiny_wan_dir, tmp_path):
     """The text-to-video default (DiffusionNFT on the tiny Wan2.1) sharded over 2 processes equals 1 process."""
     video = {"train.iterations": 2, "eval.limit": 2, "eval.reward": "toy_video"}
@@ -163,6 +178,7 @@ def test_sharded_video(tiny_wan_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")
 def test_two_machines_on_localhost(tiny_sd3_dir, tmp_path):
     """``accelerate launch --config_file configs/accelerate/fsdp2.yaml`` on two "machines" (machine ranks 0 and 1,
     one process each, rendezvous on localhost) trains what 2 processes on one machine train, to the bit."""

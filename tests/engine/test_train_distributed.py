@@ -36,6 +36,7 @@ def _run(nproc: int, model_dir: str, out: Path, preset: str | None) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes: one such test at a time (pyproject's --dist loadgroup)
 @pytest.mark.parametrize("preset, counted", [("flow_grpo", "trained_transitions"), (None, "trained_samples")])
 def test_two_processes_equal_one(tiny_sd3_dir, tmp_path, preset, counted):
     """Both families of learners: the transition learner (Flow-GRPO) and the default's forward-process one (NFT)."""
