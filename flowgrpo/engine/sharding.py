@@ -33,7 +33,8 @@ import torch.distributed as dist
 def fsdp_plugin(accelerator):
     """accelerate's FullyShardedDataParallelPlugin of this launch, or None when the launch does not shard."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None) if accelerator.distributed_type == "FSDP" else None
-    if plugin is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and accelerator.num_processes > 1:
+    launched = dist.is_available() and dist.is_initialized()  # a process group to shard over (even of 1 process)
+    if plugin is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and launched:
         from accelerate.utils import FullyShardedDataParallelPlugin
 
         plugin = FullyShardedDataParallelPlugin()  # from the launch's FSDP_* variables (a CPU launch)
@@ -57,9 +58,10 @@ class Sharding:
         from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-        # all-gather in the network's dtype (LoRA's float32 weights join the bf16 base), reduce in float32
-        mixed = (MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32
-                 else self.plugin.mixed_precision_policy or MixedPrecisionPolicy())
+        # all-gather in the network's dtype (LoRA's float32 weights join the bf16 base), reduce in float32; the
+        # inputs stay as the model adapter made them (a bf16 timestep near 1000 would be rounded to steps of 4)
+        mixed = (MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+                 if dtype != torch.float32 else self.plugin.mixed_precision_policy or MixedPrecisionPolicy())
         kwargs = {"reshard_after_forward": self.plugin.reshard_after_forward, "mp_policy": mixed}
         if self.plugin.cpu_offload:
             kwargs["offload_policy"] = self.plugin.cpu_offload

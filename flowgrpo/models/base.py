@@ -145,6 +145,11 @@ def set_attention_backend(transformer: torch.nn.Module, backend: str) -> None:
             f"dispatcher, so attention_backend={backend!r} cannot apply; use 'native' (PyTorch SDPA, which "
             f"picks flash / memory-efficient kernels itself on GPU) or 'xformers'"
         )
+    if backend == "native" and torch.cuda.is_available():
+        # PyTorch SDPA without its cuDNN kernel (flash and memory-efficient stay): on an NVIDIA H100 with torch 2.11,
+        # FLUX.1-dev's backward through cuDNN attention stopped with "illegal memory access"; without it, it ran
+        # (benchmarks/bench_memory.py, docs/results/scaling.md)
+        torch.backends.cuda.enable_cudnn_sdp(False)
     from diffusers.utils import logging as diffusers_logging
 
     logger = diffusers_logging.get_logger("diffusers.models.modeling_utils")
