@@ -15,7 +15,8 @@ with ``torch.cuda.max_memory_allocated``:
   optimizer     allocated after an AdamW step − weights: gradients + the two moments
 
 and prints each next to what the memory plan (flowgrpo/models/memory.py) computes for one process, with the
-ratio measured / planned. Inputs are random tensors of the shapes the family's pipeline feeds its
+ratio measured / planned (``--compare FILE`` prints a saved measurement beside the plan, without a GPU).
+benchmarks/check_plan_activations.py checks the plan's activation inventory itself (the tensors autograd saves). Inputs are random tensors of the shapes the family's pipeline feeds its
 transformer (flowgrpo/models/<family>.py). Needs a CUDA GPU.
 """
 
@@ -152,13 +153,21 @@ def measure(model_name: str, finetune: str | None, micro_batches: list[int], dev
     return out
 
 
-def planned(model_name: str, finetune: str) -> dict | None:
-    """The memory plan's line items for one process (None when the plan module is not there)."""
-    try:
-        from flowgrpo.models import memory
-    except ImportError:
-        return None
-    return memory.plan_for_bench(model_name, finetune) if hasattr(memory, "plan_for_bench") else None
+def compare(row: dict) -> list[str]:
+    """Lines of measured / planned for one measured row (the plan of flowgrpo/models/memory.py, one process)."""
+    from flowgrpo.models.memory import plan_for_bench
+
+    plan = plan_for_bench(row["model"], row["finetune"])
+    lines = [f"{row['model']} ({row['finetune']}), GiB measured / planned:"]
+    for key in ("weights_bytes", "grads_and_optimizer_bytes"):
+        lines.append(f"  {key.removesuffix('_bytes'):<22} {row[key] / GIB:7.2f} / {plan[key] / GIB:7.2f} = {row[key] / plan[key]:.2f}")
+    for key, measured in row["activations"].items():
+        planned = plan["activations"][key.split("_")[0]]
+        if isinstance(measured, str):
+            lines.append(f"  activations {key:<10} {measured} / {planned / GIB:7.2f}")
+        else:
+            lines.append(f"  activations {key:<10} {measured / GIB:7.2f} / {planned / GIB:7.2f} = {measured / planned:.2f}")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -169,7 +178,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--attention", default="auto", choices=["auto", "no-cudnn"],
                         help="no-cudnn: PyTorch SDPA without its cuDNN kernel (flash / memory-efficient only)")
+    parser.add_argument("--compare", type=Path, default=None,
+                        help="print a measured JSON file (--out) beside the memory plan; no GPU needed")
     args = parser.parse_args(argv)
+    if args.compare:
+        for row in json.loads(args.compare.read_text()):
+            print("\n".join(compare(row)))
+        return 0
     if args.attention == "no-cudnn":
         torch.backends.cuda.enable_cudnn_sdp(False)
     if not torch.cuda.is_available():
@@ -180,6 +195,7 @@ def main(argv=None) -> int:
         row = measure(name, args.finetune, args.micro_batches)
         rows.append(row)
         print(json.dumps(row), flush=True)
+        print("\n".join(compare(row)), flush=True)
         torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

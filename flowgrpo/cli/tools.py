@@ -7,6 +7,9 @@
                          ``python -m gallery`` and ``flowgrpo-gallery``)
   flowgrpo pretrain-toy  (re)build the embedded tiny SD3 model on the toy world (resumable)
   flowgrpo pretrain-toy-video  (re)build the embedded tiny Wan2.1 model on the toy video world (resumable)
+  flowgrpo plan          GPU memory per process of training a model (weights, gradients, optimizer, weight
+                         copies, frozen encoders, rollout latents, activations) and the largest group and
+                         micro-batch that fit, from the architecture alone (docs/memory.md)
 
 Run ``flowgrpo <command> --help`` for the options.
 """
@@ -59,12 +62,10 @@ def _checkpoint_folder(spec: str) -> Path:
     return weights
 
 
-def _model_config(args) -> dict:
-    from omegaconf import OmegaConf
-
+def _model_yaml(spec: str) -> Path:
+    """The model config file of --model: a YAML file, or a name in configs/models/."""
     from flowgrpo.run.paths import configs_dir
 
-    spec = args.model
     path = Path(spec)
     if not path.is_file():
         path = configs_dir() / "models" / f"{spec.removesuffix('.yaml')}.yaml"
@@ -73,7 +74,13 @@ def _model_config(args) -> dict:
 
         names = sorted(p.stem for p in (configs_dir() / "models").glob("*.yaml"))
         raise UserError(f"--model {spec!r} is not a YAML file nor one of {names} (configs/models/)")
-    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    return path
+
+
+def _model_config(args) -> dict:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(OmegaConf.load(_model_yaml(args.model)), resolve=True)
     run_config = Path(args.checkpoint or "") / "state.json"
     if args.checkpoint and run_config.is_file() and args.model == "tiny_sd3":
         # a training checkpoint: the run's own model section (its LoRA rank, base model, ...)
@@ -168,6 +175,42 @@ def _save_images(folder: Path, images, prompts: list[str]) -> None:
     (folder / "manifest.jsonl").write_text("\n".join(rows) + "\n")
 
 
+def cmd_plan(args) -> int:
+    """Print the memory plan of --model (flowgrpo/models/memory.py; docs/memory.md)."""
+    from omegaconf import OmegaConf
+
+    from flowgrpo.models.config import validate_model_config
+    from flowgrpo.models.memory import DEFAULT_COPIES, FAMILY_COMPONENTS, format_plan, plan, read_architecture
+    from flowgrpo.run.errors import UserError
+    from flowgrpo.run.paths import configs_dir
+
+    path = _model_yaml(args.model)
+    model_config = validate_model_config(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+    if model_config.family not in FAMILY_COMPONENTS:
+        raise UserError(f"--model {args.model!r} is of the {model_config.family!r} family; flowgrpo plan covers the "
+                        f"diffusers families ({', '.join(sorted(FAMILY_COMPONENTS))})")
+    for option, value in (("--processes", args.processes), ("--group", args.group), ("--micro-batch", args.micro_batch),
+                          ("--steps", args.steps)):
+        if value is not None and value < 1:
+            raise UserError(f"{option} must be >= 1, got {value}")
+    if not args.gpu_memory > 0:
+        raise UserError(f"--gpu-memory must be > 0 GiB, got {args.gpu_memory}")
+    if args.fsdp and args.processes is None:
+        raise UserError("--fsdp shards over the processes: give --processes N")
+    group = args.group
+    if group is None:  # the default run config's group size (the video default for video families)
+        default = "default_t2v.yaml" if model_config.family == "wan" else "default.yaml"
+        group = int(OmegaConf.load(configs_dir() / default).sampling.plan.group_size)
+    copies = DEFAULT_COPIES if args.copies is None else tuple(c for c in args.copies.split(",") if c)
+    arch = read_architecture(model_config, name=path.stem)
+    result = plan(arch, model_config, args.processes or 1, args.fsdp, args.finetune, args.gpu_memory, group=group,
+                  micro_batch=args.micro_batch, steps=args.steps, checkpointing=False if args.no_checkpointing else None,
+                  copies=copies, master_dtype="float32" if args.master_weights == "float32" else None,
+                  train_cfg=args.train_cfg, name=path.stem)
+    print(format_plan(result))
+    return 0
+
+
 def _sizes_class(config_class):
     """The model-size dataclass of a pretraining config (its ``sizes`` field: TinySD3Sizes, TinyWanSizes)."""
     return next(f.default_factory for f in dataclasses.fields(config_class) if f.name == "sizes")
@@ -225,7 +268,8 @@ def cmd_gallery(argv: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__.split("\n\nRun ")[0], epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,gallery,pretrain-toy,pretrain-toy-video}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{eval,gallery,pretrain-toy,pretrain-toy-video,plan}")
 
     ev = sub.add_parser("eval", help="score a model or checkpoint on a prompt set with a reward")
     ev.add_argument("--model", default="tiny_sd3", help="model config: a YAML file or a name in configs/models (default tiny_sd3)")
@@ -269,6 +313,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pretrain_options(pre_video, PretrainVideoConfig)
     pre_video.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     pre_video.set_defaults(func=cmd_pretrain_toy_video)
+
+    pl = sub.add_parser("plan", help="GPU memory per process of training a model, and the largest group and "
+                        "micro-batch that fit (docs/memory.md)")
+    pl.add_argument("--model", required=True, help="model config: a YAML file or a name in configs/models "
+                    "(sd3_5_medium, flux_dev, wan2_1_t2v_14b, ...); hub models read configs/models/architectures/<name>/")
+    pl.add_argument("--processes", type=int, metavar="N", help="GPUs (processes) of the launch (default 1)")
+    pl.add_argument("--fsdp", action="store_true", help="shard the transformer, its gradients, optimizer state and "
+                    "weight copies over the N processes (FSDP2, configs/accelerate/fsdp2.yaml)")
+    pl.add_argument("--finetune", choices=["lora", "full"], help="default: the model config's finetune")
+    pl.add_argument("--gpu-memory", type=float, default=80.0, metavar="GIB", help="memory of one GPU in GiB (default 80)")
+    pl.add_argument("--group", type=int, help="samples per prompt group (default: configs/default.yaml's group_size)")
+    pl.add_argument("--micro-batch", type=int, default=1, help="samples per training forward/backward (default 1)")
+    pl.add_argument("--steps", type=int, help="rollout steps whose latents are kept (default: the model config's "
+                    "sample_steps)")
+    pl.add_argument("--no-checkpointing", action="store_true",
+                    help="count activations without gradient checkpointing (default: the model config's)")
+    pl.add_argument("--copies", metavar="NAMES", help="comma-separated extra copies of the trainable weights "
+                    "(default: ema,old_policy; '' for none)")
+    pl.add_argument("--master-weights", choices=["model", "float32"], default="model",
+                    help="full fine-tuning: train the weights in the model dtype (default, as flowgrpo loads them) "
+                         "or as float32 master weights")
+    pl.add_argument("--train-cfg", action="store_true",
+                    help="the training forward is the CFG pair (learner.train_guidance=cfg): two passes a sample")
+    pl.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
+    pl.set_defaults(func=cmd_plan)
     return parser
 
 
