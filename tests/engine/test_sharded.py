@@ -200,3 +200,18 @@ def test_two_machines_on_localhost(tiny_sd3_dir, tmp_path):
     assert [r["loss"] for r in _metrics(machines)] == [r["loss"] for r in _metrics(single)]
     a, b = _tensors(machines, 2), _tensors(single, 2)
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])][:5]
+
+
+def test_fsdp_version_1_is_refused_naming_the_fix():
+    """flowgrpo shards with FSDP2 only: a launch config asking for version 1 is one line naming fsdp_version: 2."""
+    from types import SimpleNamespace
+
+    from flowgrpo.engine.sharding import fsdp_plugin
+    from flowgrpo.run.errors import ConfigError
+
+    launch = SimpleNamespace(distributed_type="FSDP", num_processes=2,
+                             state=SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=1)))
+    with pytest.raises(ConfigError, match="fsdp_version: 2"):
+        fsdp_plugin(launch)
+    unsharded = SimpleNamespace(distributed_type="MULTI_GPU", num_processes=2, state=SimpleNamespace())
+    assert fsdp_plugin(unsharded) is None or os.environ.get("ACCELERATE_USE_FSDP") == "true"
