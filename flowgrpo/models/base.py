@@ -311,12 +311,20 @@ class FlowModel:
         ``self.transformer``: the network fine-tuning trains. Diffusers families load their pipeline
         with ``from_pretrained``; a family without one (the analytic world) overrides this."""
         cfg = self.config
-        self.pipeline = self.pipeline_class.from_pretrained(
-            resolve_pretrained(cfg.pretrained),
-            revision=cfg.revision,
-            # the VAE stays float32: decoding in bf16 costs image quality, and the VAE is small
-            dtype={"vae": torch.float32, "default": self.dtype},
-        )
+        if cfg.random_weights:  # the real architecture from its published numbers, random weights, on the device
+            from flowgrpo.models.architectures import architecture_dir
+            from flowgrpo.models.random_init import random_pipeline
+
+            self.pipeline = random_pipeline(self.pipeline_class, architecture_dir(cfg), device=self.device,
+                                            dtype=self.dtype, max_sequence_length=cfg.max_sequence_length,
+                                            depth=cfg.depth)
+        else:
+            self.pipeline = self.pipeline_class.from_pretrained(
+                resolve_pretrained(cfg.pretrained),
+                revision=cfg.revision,
+                # the VAE stays float32: decoding in bf16 costs image quality, and the VAE is small
+                dtype={"vae": torch.float32, "default": self.dtype},
+            )
         self.pipeline.set_progress_bar_config(disable=True)
         self.pipeline.to(self.device)
         for component in self.pipeline.components.values():

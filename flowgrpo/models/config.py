@@ -76,6 +76,11 @@ class ModelConfig:
     # "frozen_copy" (a deep copy of the base transformer) | "none" (no reference, no KL term)
     reference: str = "auto"
     gradient_checkpointing: bool = False  # recompute transformer activations in backward to save memory
+    # build the real architecture from configs/models/architectures/<name>/ with random weights (no download):
+    # for measuring speed and memory at real size (flowgrpo/models/random_init.py); its samples are noise
+    random_weights: bool = False
+    # with random_weights: keep this many transformer blocks of each kind and text-encoder layers (real widths)
+    depth: Optional[int] = None
 
 
 def register_family(name: str, target: str | type, temporal_factor: Optional[int] = None) -> None:
@@ -157,6 +162,8 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
     for key in ("resolution", "max_sequence_length", "sample_steps", "lora_rank", "num_frames", "dim"):
         if getattr(config, key) < 1:
             raise bad(key, "an integer >= 1")
+    if config.depth is not None and (config.depth < 1 or not config.random_weights):
+        raise bad("depth", "null, or an integer >= 1 together with random_weights: true")
     if config.width is not None and config.width < 1:
         raise bad("width", "null (= resolution) or an integer >= 1")
     factor = _VIDEO_FAMILIES.get(config.family)

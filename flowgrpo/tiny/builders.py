@@ -7,78 +7,19 @@ Two uses:
 
 Every component is the real class (``SD3Transformer2DModel``, ``AutoencoderKL``,
 ``CLIPTextModelWithProjection``, ``CLIPTokenizer``, ...); only the sizes are small. Tokenizers are
-CLIP-format byte-level BPE vocabularies learned locally from a word list, so they save and load with ``save_pretrained`` / ``from_pretrained`` like the real ones.
+CLIP-format byte-level BPE vocabularies learned locally from a word list (flowgrpo/models/tokenizers.py), so they save and load with ``save_pretrained`` / ``from_pretrained`` like the real ones.
 The size rules are in docs/environment.md (e.g. ``joint_attention_dim >= 2 x`` the CLIP width,
 ``AutoencoderKL.shift_factor`` must be set for SD3/FLUX decoding).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
-BOS, EOS = "<|startoftext|>", "<|endoftext|>"
-
-
-def _train_bpe(words: Counter) -> list[tuple[str, str]]:
-    """Byte-pair merges learned from word counts until every word is one symbol.
-
-    Deterministic (ties go to the lexicographically smallest pair); the ``tokenizers`` trainer is
-    not: its tie-breaking follows hash-map order, so two builds gave different vocabularies, and a
-    resumed pretraining would have re-tokenized its prompts differently.
-    """
-    symbols = {w: tuple(w[:-1]) + (w[-1] + "</w>",) for w in words}
-    merges: list[tuple[str, str]] = []
-    while True:
-        pairs: Counter = Counter()
-        for word, seq in symbols.items():
-            for pair in zip(seq, seq[1:]):
-                pairs[pair] += words[word]
-        if not pairs:
-            return merges
-        best = min(pairs, key=lambda pair: (-pairs[pair], pair))
-        merges.append(best)
-        for word, seq in symbols.items():
-            merged, i = [], 0
-            while i < len(seq):
-                if seq[i : i + 2] == best:
-                    merged.append(seq[i] + seq[i + 1])
-                    i += 2
-                else:
-                    merged.append(seq[i])
-                    i += 1
-            symbols[word] = tuple(merged)
-
-
-def build_clip_tokenizer(corpus: Iterable[str], max_length: int = 16):
-    """A CLIP-format byte-level BPE tokenizer whose merges make every corpus word one token.
-
-    The vocabulary holds every byte symbol with and without the end-of-word mark, so any other
-    text still tokenizes (into characters), never into "unknown". ``max_length`` is the padded
-    length the SD3 pipeline uses. The same corpus always gives the same tokenizer.
-    """
-    from tokenizers import pre_tokenizers
-    from transformers import CLIPTokenizer
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    for c in alphabet:
-        vocab[c + "</w>"] = len(vocab)
-    # split text exactly as the CLIP tokenizer will (lower-case, words, byte-level symbols)
-    splitter = CLIPTokenizer(vocab={**vocab, BOS: len(vocab), EOS: len(vocab) + 1}, merges=[])._tokenizer
-    words: Counter = Counter()
-    for text in corpus:
-        normalized = splitter.normalizer.normalize_str(text) if splitter.normalizer else text.lower()
-        words.update(piece for piece, _ in splitter.pre_tokenizer.pre_tokenize_str(normalized))
-    merges = _train_bpe(words)
-    for a, b in merges:
-        vocab.setdefault(a + b, len(vocab))
-    vocab[BOS] = len(vocab)
-    vocab[EOS] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
+# the tokenizers (built locally from a word list) live beside the models, which random-weight builds use too
+from flowgrpo.models.tokenizers import build_clip_tokenizer, build_t5_tokenizer  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -269,27 +210,6 @@ def build_tiny_flux_pipeline(tokenizer, seed: int = 0, image_size: int = 32):
 
 
 # ----------------------------------------------------------------------------- Wan (text-to-video)
-
-
-def build_t5_tokenizer(corpus: Iterable[str], max_length: int = 16):
-    """A T5-format Unigram tokenizer (``T5Tokenizer``, as UMT5 uses) whose every corpus word is one token.
-
-    The vocabulary is ``<pad>, </s>, <unk>``, then each corpus word (with T5's word-start mark "▁")
-    in sorted order, then single characters (with and without the mark) at a low score, so other
-    text still tokenizes, into characters. Words beat their spellings because a whole word scores
-    higher than any split. A pure function of the set of corpus words.
-    """
-    from transformers import T5Tokenizer
-
-    words = sorted({w for text in corpus for w in text.split()})
-    chars = sorted({c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"))
-    scores = {"<pad>": 0.0, "</s>": 0.0, "<unk>": 0.0, "▁": -5.0}  # T5's ids: pad 0, eos 1, unk 2
-    for w in words:
-        scores.setdefault("▁" + w, -1.0)
-    for c in chars:  # fallback pieces; a word that is one character keeps its word score
-        scores.setdefault("▁" + c, -10.0)
-        scores.setdefault(c, -10.0)
-    return T5Tokenizer(vocab=list(scores.items()), extra_ids=0, model_max_length=max_length)
 
 
 @dataclass(frozen=True)
