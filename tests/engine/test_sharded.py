@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from flowgrpo.run.checkpoint import checkpoint_contents, load_checkpoint
+from tolerance import assert_close_ulps
 from train_fixtures import overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,6 +72,9 @@ def _assert_same_training(one: Path, two: Path, counted: str, learning_rate: flo
     a, b = _metrics(one), _metrics(two)
     assert len(a) == len(b) == step
     reward = next(k for k in a[0] if k.startswith("reward/") and k.endswith("_mean"))
+    # the first rollout (the same base weights, each process its own prompts): float32 rounding of the batch alone
+    assert_close_ulps(torch.tensor(b[0][reward], dtype=torch.float32), torch.tensor(a[0][reward], dtype=torch.float32),
+                      ulps=64, msg=f"iteration 1 {reward}")
     for key, rel in {**RELATIVE, reward: RELATIVE["reward/brightness_mean"]}.items():
         if key in a[0]:
             assert [r[key] for r in a] == pytest.approx([r[key] for r in b], rel=rel, abs=1e-7), key

@@ -1,0 +1,162 @@
+"""Training at real size on one GPU: seconds per iteration by phase, images per second, peak memory and MFU.
+
+    python benchmarks/bench_scale.py --model sd3_5_medium [--preset flow_grpo] [--iterations 2] [--warmup 1]
+        [--weights random|pretrained] [--out FILE.json] [key=value ...]
+
+Trains the model config (random weights of the real architecture by default: ``model.random_weights=true``, no
+download) with the preset at the model config's own resolution, steps, guidance and the preset's group, with a
+model-free reward (JPEG compressibility; per frame for video), no evaluation and no checkpoints, for
+``--warmup`` iterations (compilation, allocator, cuDNN autotuning) and then ``--iterations`` measured ones.
+For each measured iteration the training loop's own metrics give the phases:
+
+  sample      rollout, text encoding and decoding included (time/sample), of which the transformer's calls
+              (time/model_sample)
+  score       waiting for the rewards and computing advantages (time/score_wait_and_advantage)
+  update      the learner's optimizer steps (time/update), of which the transformer's forward and backward calls
+
+and this script adds images per second per GPU (the iteration's samples on this process / its seconds), the peak
+GPU memory (``torch.cuda.max_memory_allocated``) and the model-FLOP utilisation of the transformer calls:
+
+  MFU = FLOPs / (seconds × peak)   FLOPs of one call counted by ``torch.utils.flop_counter`` on a batch of one
+                                    sample (the CFG pair when guidance doubles the batch) times the calls the
+                                    loop counted (nfe/*: rollout rows; training rows forward, and twice that for
+                                    the backward of the rows with gradient); gradient checkpointing's recompute is
+                                    not counted; peak = this device's measured dense matmul rate in the model dtype
+
+Prints one JSON row per measured iteration and a summary; ``--out`` writes them. Runs on the CPU too (the
+tests run it on the tiny model), where the peak is the CPU's float32 matmul rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 8192, repeats: int = 20) -> float:
+    """Measured dense matmul FLOP/s of ``device`` in ``dtype`` (the MFU's denominator)."""
+    if device.type == "cpu":
+        size, repeats, dtype = 1024, 5, torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    sync()
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def flops_per_row(model, guidance: float | None) -> float:
+    """FLOPs of one ``model.velocity`` call on one sample (counted, not estimated), without gradient."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cond = model.encode_prompts(["a photo of a cat"])
+    x = torch.randn((1, *model.latent_shape()), device=model.device)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model.velocity(x, torch.tensor([0.5], device=model.device), cond, guidance)
+    return float(counter.get_total_flops())
+
+
+def configure(args) -> list[str]:
+    settings = {
+        "eval.every": 0, "eval.at_start": "false", "log.samples_every": 0, "log.save_every": 0, "log.progress": "false",
+        "log.tensorboard": "false", "log.grad_noise_every": 0, "log.eval_samples": 0, "resume": "false",
+        # more than are run (the loop is driven here, step by step): the last iteration's evaluation never starts
+        "train.iterations": args.warmup + args.iterations + 1000, "output_dir": args.output_dir,
+    }
+    if args.weights == "random":
+        settings["model.random_weights"] = "true"
+    return [f"{k}={v}" for k, v in settings.items()] + list(args.overrides)
+
+
+def run(args) -> dict:
+    from flowgrpo.config import load_config
+    from flowgrpo.engine.trainer import Trainer
+    from flowgrpo.models.config import family_modality
+
+    probe = load_config(args.preset, args.model, configure(args))
+    video = family_modality(probe.model.family) == "video"
+    reward = ({"rewards": [{"name": "per_frame", "kwargs": {"reward": "jpeg_compressibility"}}]} if video
+              else {"rewards": [{"name": "jpeg_compressibility"}]})
+    cfg = load_config(args.preset, args.model, configure(args) + ["allow_config_change=true"], base=reward,
+                      default="default_t2v" if video else "default")
+    on_gpu = torch.cuda.is_available() and not cfg.train.cpu
+    peak = matmul_peak(torch.device("cuda" if on_gpu else "cpu"), getattr(torch, cfg.model.dtype))  # before any thread starts
+    trainer = Trainer(cfg)
+    model, device = trainer.model, trainer.model.device
+    sample_guidance = cfg.sampling.guidance_scale
+    train_guidance = getattr(trainer.learner, "guidance", sample_guidance)
+    flops = {"sample": flops_per_row(model, sample_guidance), "train": flops_per_row(model, train_guidance)}
+    rows, previous = [], None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for iteration in range(args.warmup + args.iterations):
+        metrics = trainer.step(iteration)
+        nfe = {k: v for k, v in metrics.items() if k.startswith("nfe/")}
+        if iteration >= args.warmup and previous is not None:
+            done = {k: nfe[k] - previous.get(k, 0) for k in nfe}
+            leaves = trainer.schedule.plan(iteration).counts()["leaves"] * cfg.train.prompts_per_iteration // trainer.world
+            model_train = metrics["time/model_update_forward"] + metrics["time/model_update_backward"]
+            train_flops = flops["train"] * (done.get("nfe/train_forward", 0) + 2 * done.get("nfe/train_backward", 0))
+            rows.append({
+                "iteration": iteration, "seconds": metrics["time/iteration"],
+                "sample_s": metrics["time/sample"], "sample_model_s": metrics["time/model_sample"],
+                "score_s": metrics["time/score_wait_and_advantage"], "update_s": metrics["time/update"],
+                "update_model_s": model_train, "images": leaves,
+                "images_per_s_per_gpu": leaves / metrics["time/iteration"],
+                "mfu_sample": flops["sample"] * done.get("nfe/rollout", 0) / max(metrics["time/model_sample"], 1e-9) / peak,
+                "mfu_train": train_flops / max(model_train, 1e-9) / peak,
+                "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+            })
+            print(json.dumps(rows[-1]), flush=True)
+        previous = nfe
+    trainer.scoring.close()
+    trainer.writer.close()
+    summary = {"model": args.model, "preset": args.preset or "default", "device": torch.cuda.get_device_name() if
+               device.type == "cuda" else "cpu", "dtype": str(model.dtype), "weights": args.weights,
+               "matmul_peak_tflops": peak / 1e12, "flops_per_row": flops, "leaves_per_prompt": trainer.schedule.plan(0).counts()["leaves"],
+               "prompts_per_iteration": cfg.train.prompts_per_iteration, "iterations": rows}
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a model config name (configs/models/)")
+    parser.add_argument("--preset", default=None, help="a method preset (default: the default config's method)")
+    parser.add_argument("--iterations", type=int, default=2, help="measured iterations (default 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="iterations before measuring (default 1)")
+    parser.add_argument("--weights", choices=["random", "pretrained"], default="random",
+                        help="random: the real architecture with random weights, no download (default)")
+    parser.add_argument("--output-dir", default="runs/bench_scale", help="the run folder's parent (default runs/bench_scale)")
+    parser.add_argument("--out", type=Path, default=None, help="write the summary JSON here")
+    parser.add_argument("overrides", nargs="*", help="config overrides key=value")
+    args = parser.parse_args(argv)
+    if args.iterations < 1 or args.warmup < 1:
+        parser.error("--iterations and --warmup must be >= 1 (the first measured iteration needs the counts before it)")
+    summary = run(args)
+    rows = summary["iterations"]
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("seconds", "images_per_s_per_gpu", "mfu_sample", "mfu_train")}
+    print(f"{summary['model']} {summary['preset']} on {summary['device']}: {mean['seconds']:.2f} s/iteration, "
+          f"{mean['images_per_s_per_gpu']:.2f} images/s/GPU, MFU sampling {mean['mfu_sample']:.1%}, training "
+          f"{mean['mfu_train']:.1%} (peak {summary['matmul_peak_tflops']:.3g} TFLOP/s measured)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
