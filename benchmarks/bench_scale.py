@@ -17,10 +17,10 @@ For each measured iteration the training loop's own metrics give the phases:
 and this script adds images per second per GPU (the iteration's samples on this process / its seconds), the peak
 GPU memory (``torch.cuda.max_memory_allocated``) and the model-FLOP utilisation of the transformer calls:
 
-  MFU = FLOPs / (seconds × peak)   FLOPs of one call counted by ``torch.utils.flop_counter`` on a batch of one
-                                    sample (the CFG pair when guidance doubles the batch) times the calls the
-                                    loop counted (nfe/*: rollout rows; training rows forward, and twice that for
-                                    the backward of the rows with gradient); gradient checkpointing's recompute is
+  MFU = FLOPs / (seconds × peak)   FLOPs of one network pass on one sample, counted by
+                                    ``torch.utils.flop_counter``, times the passes the model's call timer counted
+                                    in the phase (a CFG call is two), and for the update twice more for the
+                                    backward of the passes with gradient; gradient checkpointing's recompute is
                                     not counted; peak = this device's measured dense matmul rate in the model dtype
 
 Prints one JSON row per measured iteration and a summary; ``--out`` writes them. Runs on the CPU too (the
@@ -58,15 +58,16 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 8192, repe
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
-def flops_per_row(model, guidance: float | None) -> float:
-    """FLOPs of one ``model.velocity`` call on one sample (counted, not estimated), without gradient."""
+def flops_per_pass(model) -> float:
+    """FLOPs of one network pass on one sample (counted by torch.utils.flop_counter, not estimated): a CFG call
+    is two such passes."""
     from torch.utils.flop_counter import FlopCounterMode
 
     cond = model.encode_prompts(["a photo of a cat"])
     x = torch.randn((1, *model.latent_shape()), device=model.device)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
-        model.velocity(x, torch.tensor([0.5], device=model.device), cond, guidance)
+        model.velocity(x, torch.tensor([0.5], device=model.device), cond, 1.0)  # guidance 1: one pass
     return float(counter.get_total_flops())
 
 
@@ -97,37 +98,48 @@ def run(args) -> dict:
     peak = matmul_peak(torch.device("cuda" if on_gpu else "cpu"), getattr(torch, cfg.model.dtype))  # before any thread starts
     trainer = Trainer(cfg)
     model, device = trainer.model, trainer.model.device
-    sample_guidance = cfg.sampling.guidance_scale
-    train_guidance = getattr(trainer.learner, "guidance", sample_guidance)
-    flops = {"sample": flops_per_row(model, sample_guidance), "train": flops_per_row(model, train_guidance)}
-    rows, previous = [], None
+    flops = flops_per_pass(model)
+    timer, rows, marks = model.call_timer, [], {}
+    update = trainer.learner.update
+
+    def marked_update(rollouts):  # the network rows of the update phase start here
+        marks["update"] = timer.totals()
+        return update(rollouts)
+
+    trainer.learner.update = marked_update
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     for iteration in range(args.warmup + args.iterations):
+        before = timer.totals()
         metrics = trainer.step(iteration)
-        nfe = {k: v for k, v in metrics.items() if k.startswith("nfe/")}
-        if iteration >= args.warmup and previous is not None:
-            done = {k: nfe[k] - previous.get(k, 0) for k in nfe}
-            leaves = trainer.schedule.plan(iteration).counts()["leaves"] * cfg.train.prompts_per_iteration // trainer.world
-            model_train = metrics["time/model_update_forward"] + metrics["time/model_update_backward"]
-            train_flops = flops["train"] * (done.get("nfe/train_forward", 0) + 2 * done.get("nfe/train_backward", 0))
-            rows.append({
-                "iteration": iteration, "seconds": metrics["time/iteration"],
-                "sample_s": metrics["time/sample"], "sample_model_s": metrics["time/model_sample"],
-                "score_s": metrics["time/score_wait_and_advantage"], "update_s": metrics["time/update"],
-                "update_model_s": model_train, "images": leaves,
-                "images_per_s_per_gpu": leaves / metrics["time/iteration"],
-                "mfu_sample": flops["sample"] * done.get("nfe/rollout", 0) / max(metrics["time/model_sample"], 1e-9) / peak,
-                "mfu_train": train_flops / max(model_train, 1e-9) / peak,
-                "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
-            })
-            print(json.dumps(rows[-1]), flush=True)
-        previous = nfe
+        if iteration < args.warmup:
+            continue
+        after = timer.totals()
+        # network rows (a CFG call counts its two passes) by phase: sampling's before the update began, the update's
+        # after (with gradient, and without: the old policy's, the reference's, an EMA's)
+        mid = marks["update"]
+        sample_rows = mid["rows_no_grad"] + mid["rows_grad"] - before["rows_no_grad"] - before["rows_grad"]
+        grad_rows = after["rows_grad"] - mid["rows_grad"]
+        update_rows = grad_rows + after["rows_no_grad"] - mid["rows_no_grad"]
+        leaves = trainer.schedule.plan(iteration).counts()["leaves"] * cfg.train.prompts_per_iteration // trainer.world
+        model_train = metrics["time/model_update_forward"] + metrics["time/model_update_backward"]
+        rows.append({
+            "iteration": iteration, "seconds": metrics["time/iteration"],
+            "sample_s": metrics["time/sample"], "sample_model_s": metrics["time/model_sample"],
+            "score_s": metrics["time/score_wait_and_advantage"], "update_s": metrics["time/update"],
+            "update_model_s": model_train, "images": leaves, "network_rows": {"sample": sample_rows,
+                                                                             "update": update_rows, "grad": grad_rows},
+            "images_per_s_per_gpu": leaves / metrics["time/iteration"],
+            "mfu_sample": flops * sample_rows / max(metrics["time/model_sample"], 1e-9) / peak,
+            "mfu_train": flops * (update_rows + 2 * grad_rows) / max(model_train, 1e-9) / peak,
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+        })
+        print(json.dumps(rows[-1]), flush=True)
     trainer.scoring.close()
     trainer.writer.close()
     summary = {"model": args.model, "preset": args.preset or "default", "device": torch.cuda.get_device_name() if
                device.type == "cuda" else "cpu", "dtype": str(model.dtype), "weights": args.weights,
-               "matmul_peak_tflops": peak / 1e12, "flops_per_row": flops, "leaves_per_prompt": trainer.schedule.plan(0).counts()["leaves"],
+               "matmul_peak_tflops": peak / 1e12, "flops_per_pass": flops, "leaves_per_prompt": trainer.schedule.plan(0).counts()["leaves"],
                "prompts_per_iteration": cfg.train.prompts_per_iteration, "iterations": rows}
     return summary
 

@@ -26,5 +26,6 @@ def test_bench_scale_reports_phases_throughput_and_mfu(tmp_path):
     assert row["images"] == 4 and row["images_per_s_per_gpu"] == pytest.approx(4 / row["seconds"])
     assert 0 < row["sample_model_s"] <= row["sample_s"] < row["seconds"] and 0 < row["update_model_s"] <= row["update_s"]
     assert 0 < row["mfu_sample"] < 2 and 0 < row["mfu_train"] < 2  # a CPU's matmul rate is a rough peak
-    # the default's training calls are conditional (one pass), its rollout's use CFG (two): twice the FLOPs
-    assert summary["flops_per_row"]["sample"] == pytest.approx(2 * summary["flops_per_row"]["train"], rel=1e-6)
+
+    rows = row["network_rows"]  # the default: a CFG rollout (two passes a row), conditional training calls
+    assert rows["sample"] == 2 * 4 * 2 and rows["grad"] > 0 and rows["update"] >= rows["grad"]
