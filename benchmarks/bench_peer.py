@@ -2,6 +2,8 @@
 
     python benchmarks/bench_peer.py --flow-grpo PATH [--prompts 8] [--group 8] [--steps 10] [--eta 0.7]
                                     [--micro-batch 64] [--repeats 3] [--threads 1] [key=value ...]
+    python benchmarks/bench_peer.py --flow-grpo PATH --model sd3_5_medium --random-weights --threads 0 \
+                                    train.mixed_precision=bf16             (real size, on a GPU)
 
 PATH is a checkout of https://github.com/yifan123/flow_grpo that you supply; nothing of it is part of
 this project. Its published functions are loaded from PATH at run time: ``pipeline_with_logprob``
@@ -346,7 +348,9 @@ def build(args):
                  f"train.prompts_per_iteration={args.prompts}", f"sampling.plan.group_size={args.group}",
                  f"sampling.plan.num_steps={args.steps}", f"sampling.plan.eta={args.eta}",
                  f"train.micro_batch={args.micro_batch}", "loss.kl_coef=0.0", *args.overrides]
-    cfg = load_config("flow_grpo", None, overrides)
+    if args.random_weights:  # the real architecture, random weights, no download (flowgrpo/models/random_init.py)
+        overrides.append("model.random_weights=true")
+    cfg = load_config("flow_grpo", args.model, overrides)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     return Trainer(cfg)
 
@@ -362,6 +366,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = leave torch's choice)")
     parser.add_argument("--check-only", action="store_true", help="run the equality check and stop")
+    parser.add_argument("--model", default=None, help="a model config of the SD3 family (configs/models/, e.g. "
+                        "sd3_5_medium); default: the image default's tiny SD3")
+    parser.add_argument("--random-weights", action="store_true", help="the model config's real architecture with "
+                        "random weights (no download): the equal-work comparison at real size")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides of flowgrpo's side")
     args = parser.parse_args(argv)
     if args.threads:

@@ -7,6 +7,8 @@
 #      SD3.5-Medium with Flow-GRPO (512 px, group 16, 10 SDE steps, CFG 4.5), SD3.5-Medium with the default
 #      (DiffusionNFT), FLUX.1-dev and Wan2.1-1.3B (their configs' resolution and clip)  -> scale_<model>_<preset>.json
 #   4. sharding and the memory plan (benchmarks/gpu_scaling_check.sh)           -> scaling/
+#   5. with FLOW_GRPO_PATH set to a checkout of yifan123/flow_grpo: bench_peer.py at SD3.5-Medium size, random
+#      weights, bf16 (equality of log-probs first, then the equal-work timing)   -> bench_peer.txt
 # Each step has its own time limit so that one failing step leaves the others' results. A dry run of step 3 on a
 # CPU (one block of each real architecture, small pictures): ONLY=scale EXTRA="model.depth=1 model.dtype=float32
 # train.cpu=true model.resolution=32 model.width=32 model.max_sequence_length=16 sampling.plan.num_steps=2" bash ...
@@ -34,3 +36,6 @@ run scale && scale sd3_5_medium default train.prompts_per_iteration=2
 run scale && scale flux_dev default train.prompts_per_iteration=1
 run scale && scale wan2_1_t2v_1_3b default train.prompts_per_iteration=1
 run scaling && { step 200 bash benchmarks/gpu_scaling_check.sh "$OUT/scaling" > "$OUT/scaling.txt" 2>&1; tail -n 12 "$OUT/scaling.txt"; }
+run peer && [ -n "${FLOW_GRPO_PATH:-}" ] && { step 150 python3 benchmarks/bench_peer.py --flow-grpo "$FLOW_GRPO_PATH" \
+    --model sd3_5_medium --random-weights --threads 0 --repeats 2 --prompts 2 --group 16 --steps 10 --micro-batch 16 \
+    train.mixed_precision=bf16 ${EXTRA:-} > "$OUT/bench_peer.txt" 2>&1; tail -n 8 "$OUT/bench_peer.txt"; }
