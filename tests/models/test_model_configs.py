@@ -36,6 +36,9 @@ def test_shipped_values():
     wan = validate_model_config(OmegaConf.load(CONFIG_DIR / "wan2_1_t2v_1_3b.yaml"))
     assert (wan.family, wan.pretrained, wan.dtype) == ("wan", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "bfloat16")
     assert (wan.resolution, wan.width, wan.num_frames, wan.guidance_scale, wan.shift) == (480, 832, 81, 5.0, 3.0)
+    large = validate_model_config(OmegaConf.load(CONFIG_DIR / "sd3_5_large.yaml"))  # the SD3 adapter, its own config
+    assert (large.family, large.pretrained, large.guidance_scale, large.sample_steps) == (
+        "sd3", "stabilityai/stable-diffusion-3.5-large", 3.5, 28)
     wan14 = validate_model_config(OmegaConf.load(CONFIG_DIR / "wan2_1_t2v_14b.yaml"))
     assert (wan14.pretrained, wan14.resolution, wan14.width, wan14.shift) == ("Wan-AI/Wan2.1-T2V-14B-Diffusers", 720, 1280, 5.0)
     for cfg in (wan, wan14):  # 8x VAE x 2x2 patches; 4x in time

@@ -1,4 +1,4 @@
-"""The real-size code path on a CPU: each real architecture (SD3.5-Medium, FLUX.1-dev, Wan2.1-1.3B) at its real
+"""The real-size code path on a CPU: each real architecture (SD3.5-Medium and -Large, FLUX.1-dev, Wan2.1-1.3B) at its real
 width and head count, one block of each kind and one text-encoder layer (``model.random_weights: true
 model.depth: 1``: random weights, no download), trains one iteration of the default at a small resolution.
 It proves the adapters, the LoRA target names, dtype handling and gradient checkpointing at real dimensions,
@@ -22,7 +22,7 @@ SMALL = {  # a real model at one block per kind, a small picture, a short text a
     "eval.every": 0, "eval.at_start": False, "eval.limit": 1, "eval.steps": 1, "log.samples_every": 0,
     "log.save_every": 0, "log.progress": False, "log.tensorboard": False, "log.eval_samples": 0,
 }
-SIZES = {"sd3_5_medium": {"model.resolution": 64}, "flux_dev": {"model.resolution": 64},
+SIZES = {"sd3_5_medium": {"model.resolution": 64}, "sd3_5_large": {"model.resolution": 64}, "flux_dev": {"model.resolution": 64},
          "wan2_1_t2v_1_3b": {"model.resolution": 32, "model.width": 32, "model.num_frames": 5}}
 
 
@@ -38,7 +38,7 @@ def test_real_architecture_trains_one_iteration(model, tmp_path):
     cfg = load_config(None, model, [f"{k}={v}" for k, v in settings.items()], base=reward,
                       default="default_t2v" if model.startswith("wan") else "default")
     trainer = Trainer(cfg)
-    width = {"sd3_5_medium": 1536, "flux_dev": 3072, "wan2_1_t2v_1_3b": 1536}[model]
+    width = {"sd3_5_medium": 1536, "sd3_5_large": 2432, "flux_dev": 3072, "wan2_1_t2v_1_3b": 1536}[model]
     blocks = [m for m in trainer.model.transformer.modules() if type(m).__name__ in trainer.model.transformer._no_split_modules]
     assert len(blocks) == (2 if model == "flux_dev" else 1)  # one block of each kind
     assert any(p.shape[-1] == width for p in trainer.model.transformer.parameters())  # the real width
