@@ -102,14 +102,9 @@ def is_sharded(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, DTensor)
 
 
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's rows of a DTensor (the tensor itself otherwise)."""
-    return tensor.to_local() if is_sharded(tensor) else tensor
-
-
 def full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor (a collective for a DTensor: every process must call it)."""
     return tensor.full_tensor() if is_sharded(tensor) else tensor
 
 
-__all__ = ["Sharding", "fsdp_plugin", "full", "is_sharded", "local"]
+__all__ = ["Sharding", "fsdp_plugin", "full", "is_sharded"]

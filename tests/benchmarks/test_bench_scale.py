@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from torch.utils.flop_counter import FlopCounterMode  # noqa: F401  (the counter the benchmark uses)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_scale  # noqa: E402
