@@ -186,7 +186,10 @@ def test_sharded_video(tiny_wan_dir, tmp_path):
 def test_two_machines_on_localhost(tiny_sd3_dir, tmp_path):
     """``accelerate launch --config_file configs/accelerate/fsdp2.yaml`` on two "machines" (machine ranks 0 and 1,
     one process each, rendezvous on localhost) trains what 2 processes on one machine train, to the bit."""
-    cfg = overrides(tiny_sd3_dir, tmp_path / "machines", **{**SMALL, "train.iterations": 2})
+    # also the paths a short run skips: the held-out evaluation at the start (split over the processes) and the
+    # gradient-noise probe on every step (its norms summed over the shards)
+    extra = {"train.iterations": 2, "eval.at_start": True, "log.grad_noise_every": 1}
+    cfg = overrides(tiny_sd3_dir, tmp_path / "machines", **{**SMALL, **extra})
     port = str(29500 + os.getpid() % 1000)
     launches = []
     for rank in (0, 1):
@@ -200,8 +203,11 @@ def test_two_machines_on_localhost(tiny_sd3_dir, tmp_path):
         _, err = launch.communicate(timeout=600)
         assert launch.returncode == 0, err[-4000:]
     (machines,) = [p for p in (tmp_path / "machines").iterdir() if (p / "metrics.jsonl").is_file()]
-    single = _train(2, tmp_path / "single", tiny_sd3_dir, **{"train.iterations": 2})
-    assert [r["loss"] for r in _metrics(machines)] == [r["loss"] for r in _metrics(single)]
+    single = _train(2, tmp_path / "single", tiny_sd3_dir, **extra)
+    assert [r.get("loss") for r in _metrics(machines)] == [r.get("loss") for r in _metrics(single)]
+    rows = _metrics(single)  # the start's evaluation, then the 2 iterations
+    assert rows[0]["eval/num_images"] == 4 and all("grad_noise/trace" in r for r in rows if "loss" in r)
+    assert [r.get("eval/mean_score") for r in _metrics(machines)] == [r.get("eval/mean_score") for r in rows]
     a, b = _tensors(machines, 2), _tensors(single, 2)
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])][:5]
 
