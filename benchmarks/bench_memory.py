@@ -38,18 +38,10 @@ GIB = 1024**3
 
 def build(model_cfg, arch_file: Path, device: str):
     """The transformer of ``arch_file`` on ``device`` in the model dtype, random weights, with the config's LoRA."""
-    import diffusers
+    from flowgrpo.models.random_init import diffusers_model
 
-    config = json.loads(arch_file.read_text())
-    cls = getattr(diffusers, config["_class_name"])
-    dtype = getattr(torch, model_cfg.dtype)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # initialise in bf16 directly on the GPU: no float32 copy of 12B weights
-    try:
-        with torch.device(device):
-            transformer = cls.from_config(config)
-    finally:
-        torch.set_default_dtype(default)
+    dtype = getattr(torch, model_cfg.dtype)  # initialised in bf16 on the GPU: no float32 copy of 12B weights
+    transformer = diffusers_model(json.loads(arch_file.read_text()), torch.device(device), dtype)
     transformer.train()
     if model_cfg.finetune == "lora":
         from peft import LoraConfig

@@ -75,24 +75,19 @@ def saved_bytes(model, kwargs) -> int:
 
 def build(name: str, frames: int):
     """(model config, architecture, transformer on the GPU in the model dtype with random weights)."""
-    import diffusers
     from omegaconf import OmegaConf
 
     from flowgrpo.models.config import validate_model_config
     from flowgrpo.models.memory import _config_files, architecture_dir, read_architecture
+    from flowgrpo.models.random_init import diffusers_model
     from flowgrpo.run.paths import configs_dir
 
     cfg = validate_model_config(OmegaConf.to_container(OmegaConf.load(configs_dir() / "models" / f"{name}.yaml")))
     if cfg.family == "wan" and frames:
         cfg.num_frames = frames
     config = json.loads(_config_files(architecture_dir(cfg, name))["transformer"].read_text())
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, cfg.dtype))  # initialise in bf16 on the GPU: no float32 copy of the weights
-    try:
-        with torch.device("cuda"):
-            model = getattr(diffusers, config["_class_name"]).from_config(config)
-    finally:
-        torch.set_default_dtype(default)
+    # initialised in bf16 on the GPU: no float32 copy of the weights
+    model = diffusers_model(config, torch.device("cuda"), getattr(torch, cfg.dtype))
     return cfg, read_architecture(cfg, name), model
 
 

@@ -65,7 +65,8 @@ def _on_device(build, device: torch.device, dtype: torch.dtype):
         torch.set_default_dtype(default)
 
 
-def _diffusers_model(config: dict, device, dtype):
+def diffusers_model(config: dict, device, dtype):
+    """A diffusers model from its configuration, random weights, initialised on ``device`` in ``dtype``."""
     import diffusers
 
     cls = getattr(diffusers, config["_class_name"])
@@ -104,8 +105,8 @@ def random_pipeline(pipeline_class, folder: Path, *, device: torch.device, dtype
         raise UserError(f"{folder} has no {', '.join(m + '.json' for m in missing)}: model.random_weights builds the "
                         f"pipeline from the published configuration of every component (docs/memory.md)")
     torch.manual_seed(seed)
-    parts = {"transformer": _diffusers_model(_reduced(configs["transformer"], depth), device, dtype),
-             "vae": _diffusers_model(configs["vae"], device, torch.float32)}
+    parts = {"transformer": diffusers_model(_reduced(configs["transformer"], depth), device, dtype),
+             "vae": diffusers_model(configs["vae"], device, torch.float32)}
     scheduler = configs["scheduler"]
     parts["scheduler"] = getattr(diffusers, scheduler["_class_name"]).from_config(scheduler)
     for name, tokenizer_name in TOKENIZER_OF.items():
@@ -126,4 +127,4 @@ def _optional(pipeline_class) -> set[str]:
     return set(getattr(pipeline_class, "_optional_components", []))
 
 
-__all__ = ["random_pipeline"]
+__all__ = ["diffusers_model", "random_pipeline"]
