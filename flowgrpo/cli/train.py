@@ -91,6 +91,18 @@ def build_gallery(cfg) -> None:
         writer.warn(f"the gallery could not be built ({err!r}); run: python -m gallery {writer.dir}")
 
 
+def leave_processes() -> None:
+    """End a multi-process run together: every process waits for the others (rank 0 may still be building the
+    gallery), then the process group is destroyed. Left to the interpreter's exit, gloo's worker threads can be
+    torn down while still joinable, which aborts a finished process ("terminate called without an active
+    exception") and makes the launcher report a failed run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None, *, prog: str, description: str, default: str) -> int:
     """Parse ``[--preset NAME] [--model NAME] [--config YAML] [key=value ...]``, build the config on
     top of configs/<default>.yaml and train. Bad input (a UserError: config, prompts, rewards, model
@@ -123,6 +135,7 @@ def main(argv: list[str] | None, *, prog: str, description: str, default: str) -
 
         train(cfg)
         build_gallery(cfg)
+        leave_processes()
     except UserError as exc:
         if args.debug:
             raise
