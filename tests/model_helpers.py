@@ -21,3 +21,23 @@ def perturb_lora(model, seed=1):
     with torch.no_grad():
         for p in model.trainable_parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=gen))
+
+
+def flowgrpo_ode_latents(model, prompts, x_T, num_steps, guidance_scale=None):
+    """flowgrpo's own evaluation sampler through the adapter: Euler ODE from x_T [N, *latent_shape] (unpacked)
+    along ``time_grid(num_steps, model.shift)``, one prompt per latent; returns float32 x_0."""
+    from samplers.grids import time_grid
+    from samplers.solvers import sample_ode
+
+    cond = model.encode_prompts(list(prompts))
+    velocity = model.velocity_fn(cond, guidance_scale)
+    index = torch.arange(len(prompts))
+    return sample_ode(velocity, x_T.float(), time_grid(num_steps, model.shift), index).float()
+
+
+def pipeline_sigmas(num_steps):
+    """The unshifted sigmas the pipelines are given (their default ``np.linspace(1, 1 / T, T)``): with the
+    scheduler's shift they are flowgrpo's ``time_grid`` without its final 0."""
+    import numpy as np
+
+    return list(np.linspace(1.0, 1.0 / num_steps, num_steps))

@@ -13,7 +13,11 @@ from typing import Optional
 
 FAMILY_COMPONENTS = {"sd3": ("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
                      "flux": ("transformer", "text_encoder", "text_encoder_2", "vae"),
-                     "wan": ("transformer", "text_encoder", "vae")}
+                     "wan": ("transformer", "text_encoder", "vae"),
+                     "qwen_image": ("transformer", "text_encoder", "vae"),
+                     "flux2": ("transformer", "text_encoder", "vae"),
+                     "flux2_klein": ("transformer", "text_encoder", "vae"),
+                     "z_image": ("transformer", "text_encoder", "vae")}
 
 
 def _config_files(folder: Path) -> dict[str, Path]:

@@ -59,6 +59,10 @@ class Conditioning:
     negative_prompt_embeds: Optional[torch.Tensor] = None  # [1, L, D] unconditional ("" prompt) embeddings, or None
     negative_pooled_prompt_embeds: Optional[torch.Tensor] = None  # [1, Dp] unconditional pooled embedding, or None
     text_ids: Optional[torch.Tensor] = None  # [L, 3] FLUX text position ids (shared by all rows); None for SD3
+    # [P, L] which text tokens are real (1) or padding (0), for families whose transformer masks the text
+    # (Qwen-Image, Z-Image); None where the embeddings are used whole (SD3, FLUX, Wan)
+    prompt_mask: Optional[torch.Tensor] = None
+    negative_prompt_mask: Optional[torch.Tensor] = None  # [1, L] the unconditional row's mask, or None
 
     def __len__(self) -> int:
         return self.prompt_embeds.shape[0]
@@ -66,11 +70,12 @@ class Conditioning:
     def select(self, index: torch.Tensor) -> Conditioning:
         """Rows ``index`` ([N] long) for a batch of N latents; shared fields are kept as they are."""
         index = torch.as_tensor(index, dtype=torch.long, device=self.prompt_embeds.device)
-        pooled = self.pooled_prompt_embeds
+        pooled, mask = self.pooled_prompt_embeds, self.prompt_mask
         return replace(
             self,
             prompt_embeds=self.prompt_embeds.index_select(0, index),
             pooled_prompt_embeds=None if pooled is None else pooled.index_select(0, index),
+            prompt_mask=None if mask is None else mask.index_select(0, index),
         )
 
     def to(self, device: torch.device | str) -> Conditioning:
@@ -87,22 +92,26 @@ class Conditioning:
                 "guidance uses classifier-free guidance (SD3, or FLUX without guidance embeddings)"
             )
         n = len(self)
-        neg_pooled = self.negative_pooled_prompt_embeds
+        neg_pooled, neg_mask = self.negative_pooled_prompt_embeds, self.negative_prompt_mask
         return Conditioning(
             prompt_embeds=self.negative_prompt_embeds.expand(n, -1, -1),
             pooled_prompt_embeds=None if neg_pooled is None else neg_pooled.expand(n, -1),
             text_ids=self.text_ids,
+            prompt_mask=None if neg_mask is None else neg_mask.expand(n, -1),
         )
 
     def concat(self, other: Conditioning) -> Conditioning:
         """Rows of ``self`` then rows of ``other`` (the CFG batch ``[uncond; cond]``)."""
-        pooled = None
+        pooled, mask = None, None
         if self.pooled_prompt_embeds is not None:
             pooled = torch.cat([self.pooled_prompt_embeds, other.pooled_prompt_embeds])
+        if self.prompt_mask is not None:
+            mask = torch.cat([self.prompt_mask, other.prompt_mask])
         return replace(
             self,
             prompt_embeds=torch.cat([self.prompt_embeds, other.prompt_embeds]),
             pooled_prompt_embeds=pooled,
+            prompt_mask=mask,
         )
 
 
@@ -383,8 +392,10 @@ class FlowModel:
         return math.exp(mu) if sched.get("time_shift_type", "exponential") == "exponential" else mu
 
     # ---------------------------------------------------------------- family hooks
-    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """(prompt_embeds [P, L, D], pooled [P, Dp] or None, text_ids [L, 3] or None) for the prompts."""
+    def _encode(self, prompts: list[str]) -> tuple[Optional[torch.Tensor], ...]:
+        """(prompt_embeds [P, L, D], pooled [P, Dp] or None, text_ids [L, 3] or None) for the prompts, and
+        optionally a fourth item, the token mask [P, L] (families whose transformer masks padded text; L must
+        then be the same for every call, e.g. padded to ``max_sequence_length``)."""
         raise NotImplementedError
 
     def _uses_cfg(self, guidance_scale: float) -> bool:
@@ -428,15 +439,17 @@ class FlowModel:
         if isinstance(prompts, str) or not prompts:
             raise ValueError("encode_prompts takes a non-empty list of prompt strings")
         parts = [self._encode(list(prompts[i : i + chunk_size])) for i in range(0, len(prompts), chunk_size)]
-        embeds = torch.cat([p[0] for p in parts])
-        pooled = None if parts[0][1] is None else torch.cat([p[1] for p in parts])
-        negative, negative_pooled = None, None
+        def cat(i: int) -> Optional[torch.Tensor]:
+            return None if len(parts[0]) <= i or parts[0][i] is None else torch.cat([p[i] for p in parts])
+
+        negative = (None, None, None)
         if self._cfg_possible():
             if self._negative is None:
                 neg = self._encode([""])
-                self._negative = (neg[0], neg[1])
-            negative, negative_pooled = self._negative
-        return Conditioning(embeds, pooled, negative, negative_pooled, parts[0][2])
+                self._negative = (neg[0], neg[1], neg[3] if len(neg) > 3 else None)
+            negative = self._negative
+        return Conditioning(cat(0), cat(1), negative[0], negative[1], parts[0][2], prompt_mask=cat(3),
+                            negative_prompt_mask=negative[2])
 
     def _cfg_possible(self) -> bool:
         """Whether some guidance scale turns CFG on (then prompts carry the unconditional row)."""
@@ -480,11 +493,17 @@ class FlowModel:
                 out = self._transformer_velocity(transformer, x2, sigma2, both, scale)
                 watch(out)
             v_uncond, v_cond = out.float().chunk(2)
-            return v_uncond + scale * (v_cond - v_uncond)
+            return self._guide(v_uncond, v_cond, scale)
         with self.call_timer.forward(n, cfg=False) as watch:
             out = self._transformer_velocity(transformer, x, sigma, cond, scale)
             watch(out)
         return out.float()
+
+    def _guide(self, v_uncond: torch.Tensor, v_cond: torch.Tensor, scale: float) -> torch.Tensor:
+        """Classifier-free guidance's combination of the two passes (float32): ``v_u + g (v_c - v_u)``, as SD3,
+        FLUX and Wan combine them; a family whose pipeline combines otherwise (Qwen-Image rescales the norm)
+        overrides it."""
+        return v_uncond + scale * (v_cond - v_uncond)
 
     def _latent_multiple(self) -> int:
         """h and w of a latent must be multiples of this (the transformer's patch size)."""

@@ -40,6 +40,10 @@ _FAMILIES: dict[str, str] = {
     "sd3": "flowgrpo.models.sd3:SD3Model",
     "flux": "flowgrpo.models.flux:FluxModel",
     "wan": "flowgrpo.models.wan:WanModel",
+    "qwen_image": "flowgrpo.models.qwen_image:QwenImageModel",
+    "flux2": "flowgrpo.models.flux2:Flux2Model",
+    "flux2_klein": "flowgrpo.models.flux2:Flux2KleinModel",
+    "z_image": "flowgrpo.models.z_image:ZImageModel",
     "analytic": "flowgrpo.models.analytic:AnalyticModel",
 }
 # video families -> their VAE's temporal compression (num_frames must be k * factor + 1)
@@ -50,8 +54,9 @@ _VIDEO_FAMILIES: dict[str, int] = {"wan": 4}
 class ModelConfig:
     """Which model to load and how to fine-tune it (the ``model:`` block of a run config)."""
 
-    # adapter family: "sd3" (SD3 / SD3.5) | "flux" (FLUX.1) | "wan" (Wan2.1 T2V) | "analytic" (the Gaussian-mixture
-    # world with an exact velocity, docs/analytic_world.md); see register_family
+    # adapter family: "sd3" (SD3 / SD3.5) | "flux" (FLUX.1) | "flux2" (FLUX.2 dev / klein) | "qwen_image" (Qwen-Image)
+    # | "z_image" (Z-Image, Z-Image-Turbo) | "wan" (Wan2.1 / Wan2.2 T2V) | "analytic" (the Gaussian-mixture world
+    # with an exact velocity, docs/analytic_world.md); see register_family
     family: str = "sd3"
     pretrained: str = "tiny-sd3"  # hub id, local folder saved with save_pretrained, or built-in name
     revision: Optional[str] = None  # hub revision (branch, tag or commit) of `pretrained`

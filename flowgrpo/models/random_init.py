@@ -31,6 +31,12 @@ TOKENIZER_OF = {"text_encoder": "tokenizer", "text_encoder_2": "tokenizer_2", "t
 WORDS = ("a photo of red green blue yellow circle square triangle cat dog on the left right above below "
          "two three small large moving up down in front behind and with").split()
 CLIP_LENGTH = 77  # the CLIP encoders' padded length in the SD3 and FLUX pipelines
+# the system prompts the Qwen-encoder pipelines wrap a prompt in: in the tokenizer's corpus, each word is one token,
+# so the pipelines' fixed number of template tokens to drop is right (Qwen-Image: 34)
+PROMPT_TEMPLATES = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial "
+    "relationships of the objects and background:<|im_end|>\n<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n",
+)
 
 
 def _layer_keys(config: dict) -> list[str]:
@@ -83,11 +89,14 @@ def _transformers_model(config: dict, device, dtype):
 
 
 def _tokenizer(encoder_config: dict, max_sequence_length: int):
-    from flowgrpo.models.tokenizers import build_clip_tokenizer, build_t5_tokenizer
+    from flowgrpo.models.tokenizers import build_clip_tokenizer, build_qwen_tokenizer, build_t5_tokenizer
 
     corpus = [" ".join(WORDS)]
-    if encoder_config.get("model_type", "").startswith("clip"):
+    model_type = encoder_config.get("model_type", "")
+    if model_type.startswith("clip"):
         return build_clip_tokenizer(corpus, max_length=CLIP_LENGTH)
+    if model_type.startswith("qwen"):  # Qwen2.5-VL (Qwen-Image), Qwen3 (Z-Image, FLUX.2 klein)
+        return build_qwen_tokenizer(corpus + list(PROMPT_TEMPLATES), max_length=max_sequence_length)
     return build_t5_tokenizer(corpus, max_length=max_sequence_length)
 
 

@@ -15,14 +15,14 @@ from collections.abc import Iterable
 BOS, EOS = "<|startoftext|>", "<|endoftext|>"
 
 
-def _train_bpe(words: Counter) -> list[tuple[str, str]]:
+def _train_bpe(words: Counter, end_mark: str = "</w>") -> list[tuple[str, str]]:
     """Byte-pair merges learned from word counts until every word is one symbol.
 
     Deterministic (ties go to the lexicographically smallest pair); the ``tokenizers`` trainer is
     not: its tie-breaking follows hash-map order, so two builds gave different vocabularies, and a
     resumed pretraining would have re-tokenized its prompts differently.
     """
-    symbols = {w: tuple(w[:-1]) + (w[-1] + "</w>",) for w in words}
+    symbols = {w: tuple(w[:-1]) + (w[-1] + end_mark,) for w in words}
     merges: list[tuple[str, str]] = []
     while True:
         pairs: Counter = Counter()
@@ -94,4 +94,46 @@ def build_t5_tokenizer(corpus: Iterable[str], max_length: int = 16):
     return T5Tokenizer(vocab=list(scores.items()), extra_ids=0, model_max_length=max_length)
 
 
-__all__ = ["BOS", "EOS", "build_clip_tokenizer", "build_t5_tokenizer"]
+# Qwen's pre-tokenizer: contractions, letters, single digits, punctuation runs, newlines, spaces (as Qwen2 / Qwen3)
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+              r"\s+(?!\S)|\s+")
+QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+# the chat format of Qwen3 (and Qwen2.5's without tools): what the Z-Image and FLUX.2-klein pipelines render
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def build_qwen_tokenizer(corpus: Iterable[str], max_length: int = 64):
+    """A Qwen-format byte-level BPE (``Qwen2TokenizerFast``, as Qwen2.5-VL and Qwen3 read it) whose merges make
+    every pre-token of the corpus (a word with its leading space, a punctuation run, a newline) one token, with
+    Qwen's special tokens (``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>`` as padding, ``<think>``) and its
+    chat template. Put the pipeline's prompt templates in the corpus so they tokenize as the real ones do, a token
+    per word. Any other text still tokenizes, into bytes. The same corpus always gives the same tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Qwen2TokenizerFast
+
+    split = pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated", invert=False)
+    pre = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    words: Counter = Counter()
+    for text in corpus:
+        for special in QWEN_SPECIAL:
+            text = text.replace(special, "\n")
+        words.update(piece for piece, _ in pre.pre_tokenize_str(text))
+    merges = _train_bpe(words, end_mark="")
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    backend.pre_tokenizer = pre
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = Qwen2TokenizerFast(tokenizer_object=backend, model_max_length=max_length, pad_token="<|endoftext|>",
+                                   eos_token="<|im_end|>", unk_token=None, bos_token=None, padding_side="right")
+    tokenizer.add_special_tokens({"additional_special_tokens": [t for t in QWEN_SPECIAL if t != "<|endoftext|>"]})
+    tokenizer.chat_template = QWEN_CHAT_TEMPLATE
+    return tokenizer
+
+
+__all__ = ["BOS", "EOS", "QWEN_CHAT_TEMPLATE", "build_clip_tokenizer", "build_qwen_tokenizer", "build_t5_tokenizer"]
