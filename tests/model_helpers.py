@@ -23,16 +23,18 @@ def perturb_lora(model, seed=1):
             p.add_(0.1 * torch.randn(p.shape, generator=gen))
 
 
-def flowgrpo_ode_latents(model, prompts, x_T, num_steps, guidance_scale=None):
+def flowgrpo_ode_latents(model, prompts, x_T, num_steps, guidance_scale=None, sigmas=None):
     """flowgrpo's own evaluation sampler through the adapter: Euler ODE from x_T [N, *latent_shape] (unpacked)
-    along ``time_grid(num_steps, model.shift)``, one prompt per latent; returns float32 x_0."""
+    along ``time_grid(num_steps, model.shift)`` (or the grid ``sigmas`` [T + 1], e.g. a pipeline scheduler's own),
+    one prompt per latent; returns float32 x_0."""
     from samplers.grids import time_grid
     from samplers.solvers import sample_ode
 
     cond = model.encode_prompts(list(prompts))
     velocity = model.velocity_fn(cond, guidance_scale)
     index = torch.arange(len(prompts))
-    return sample_ode(velocity, x_T.float(), time_grid(num_steps, model.shift), index).float()
+    grid = time_grid(num_steps, model.shift) if sigmas is None else sigmas
+    return sample_ode(velocity, x_T.float(), grid, index).float()
 
 
 def pipeline_sigmas(num_steps):

@@ -30,6 +30,13 @@ def save_tiny_wan(folder) -> str:
     return str(folder)
 
 
+def save_tiny_wan22(folder) -> str:
+    """The training tests' tiny Wan in Wan2.2 A14B's layout: two experts, switched at timestep 875."""
+    corpus = [p.text for p in clips.train_prompts() + clips.eval_prompts()]
+    build_tiny_wan_pipeline(build_t5_tokenizer(corpus, 16), WAN_TRAIN_SIZES, seed=0, boundary_ratio=0.875).save_pretrained(folder)
+    return str(folder)
+
+
 def overrides(model_dir: str, out_dir, **extra) -> list[str]:
     """Small, fast settings: 2 prompts x group 2, 2 iterations, tiny eval."""
     base = {

@@ -49,9 +49,11 @@ class Policy:
         self.sharding = Sharding(plugin, accelerator) if plugin is not None else None
         if self.sharding is not None:  # before the optimizer: it holds the sharded parameters
             if getattr(plugin, "activation_checkpointing", False) and not model.config.gradient_checkpointing:
-                model.transformer.enable_gradient_checkpointing()
+                for name in model.trained_experts:
+                    model.experts[name].enable_gradient_checkpointing()
             for network in model.networks():
                 self.sharding.shard(network, model.dtype)
+            model.call_every_expert = len(model.experts) > 1  # the same collectives on every process (Wan2.2)
         self.params = model.trainable_parameters()
         self.names = [f"p{i}" for i in range(len(self.params))]
         self.optimizer = torch.optim.AdamW(self.params, lr=learning_rate, weight_decay=weight_decay,
@@ -62,6 +64,7 @@ class Policy:
         # the gradient noise scale (log.grad_noise_every); sharded, each backward's gradient is summed over processes
         self.probe = GradientProbe(self.params, total=self.sharding.total if self.sharding else None)
         self.optimizer_steps, self.skipped_steps = 0, 0
+        self.untrained_backwards = 0  # micro-batches whose rows all fell on frozen experts (nothing to train)
 
     # ---------------------------------------------------------------- what the model is
     @property
@@ -136,6 +139,9 @@ class Policy:
     def backward(self, loss: torch.Tensor, prompts: int = 0) -> None:
         """``loss.backward()`` through accelerate (the network's share timed by ``model.call_timer``);
         ``prompts``: how many prompts this micro-batch covers (the gradient noise probe's unit)."""
+        if not loss.requires_grad:  # every row on an expert that does not train (model.trained_experts): no gradient
+            self.untrained_backwards += 1
+            return
         with self.model.call_timer.backward():
             self.acc.backward(loss)
         self.probe.after_backward(prompts)
@@ -158,10 +164,18 @@ class Policy:
         momentum alone (measured on the analytic world: a converged policy drifted off its target and
         collapsed after a few such steps)."""
         probed = self.probe.end_step(prompts)
-        grads = [p.grad for p in self.params if p.grad is not None]
         if self.world > 1 and self.sharding is None:  # sharded, the backward has summed them already
-            for g in grads:
-                torch.distributed.all_reduce(g)
+            # a parameter has a gradient where any process has one (a two-expert model's rows on one process may
+            # never reach an expert): one small collective says which, so every process reduces the same tensors
+            # and a parameter no process reached keeps grad None, as in one process
+            reached = torch.tensor([float(p.grad is not None) for p in self.params], device=self.params[0].device)
+            torch.distributed.all_reduce(reached, op=torch.distributed.ReduceOp.MAX)
+            for p, any_grad in zip(self.params, reached.tolist()):
+                if any_grad:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    torch.distributed.all_reduce(p.grad)
+        grads = [p.grad for p in self.params if p.grad is not None]
         if self.grad_clip > 0:
             norm = full(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
         elif self.sharding is not None:

@@ -38,6 +38,7 @@ import torch
 from flowgrpo.run.paths import resolve_pretrained
 
 from flowgrpo.models.config import (  # noqa: F401  (re-exported)
+    EXPERT_COMPONENTS,
     ModelConfig,
     _family_class,
     validate_model_config,
@@ -308,11 +309,16 @@ class FlowModel:
         self.latent_shape()  # fail now if the resolution does not fit the model
         self.shift: float = float(cfg.shift) if cfg.shift is not None else self._scheduler_shift()
         self._negative: Optional[tuple] = None  # cached unconditional embedding
-        self._reference_transformer: Optional[torch.nn.Module] = None
+        # the denoising networks by the pipeline's component name: one ("transformer"), or two experts switched at a
+        # boundary timestep (Wan2.2 A14B: "transformer" for high noise, "transformer_2" for low noise)
+        self.experts: dict[str, torch.nn.Module] = self._find_experts()
+        self.boundary: Optional[float] = self._find_boundary()
+        self._references: dict[str, torch.nn.Module] = {}  # frozen copies of the trained experts (frozen_copy)
+        # a sharded run sets this: every call runs every expert (an expert without rows on one row, its output
+        # times 0), so every process makes the same collective calls whatever its rows' times (engine/policy.py)
+        self.call_every_expert = False
         self._in_reference = False
         self._setup_finetune()
-        # what velocity() calls for the policy (sharded runs shard the transformer in place: still this one)
-        self.forward_module: torch.nn.Module = self.transformer
 
     # ---------------------------------------------------------------- set-up
     def _load_components(self) -> None:
@@ -342,7 +348,27 @@ class FlowModel:
         self.transformer = self.pipeline.transformer  # the unwrapped diffusers model
         self.vae = self.pipeline.vae
         self._num_train_timesteps = int(self.pipeline.scheduler.config.num_train_timesteps)
-        set_attention_backend(self.transformer, cfg.attention_backend)
+        for name in EXPERT_COMPONENTS:
+            if getattr(self.pipeline, name, None) is not None:
+                set_attention_backend(getattr(self.pipeline, name), cfg.attention_backend)
+
+    def _find_experts(self) -> dict[str, torch.nn.Module]:
+        """The pipeline's denoising networks, in its order: ``transformer`` and, for two-expert models, ``transformer_2``."""
+        pipeline = getattr(self, "pipeline", None)
+        found = {name: getattr(pipeline, name, None) for name in EXPERT_COMPONENTS} if pipeline is not None else {}
+        found = {name: module for name, module in found.items() if module is not None}
+        return found or {"transformer": self.transformer}
+
+    def _find_boundary(self) -> Optional[float]:
+        """For two experts, the timestep at which sampling switches from the first (high noise) to the second (low
+        noise): the pipeline's ``boundary_ratio`` times the scheduler's train timesteps, as WanPipeline computes it."""
+        if len(self.experts) < 2:
+            return None
+        ratio = getattr(self.pipeline.config, "boundary_ratio", None)
+        if ratio is None:
+            raise ValueError(f"{type(self.pipeline).__name__} has two transformers but no boundary_ratio in its "
+                             "model_index.json: it cannot say which expert denoises which timesteps")
+        return float(ratio) * self._num_train_timesteps
 
     def _setup_finetune(self) -> None:
         cfg = self.config
@@ -350,25 +376,42 @@ class FlowModel:
         if mode == "auto":
             mode = "adapter_disabled" if cfg.finetune == "lora" else "frozen_copy"
         self.reference_mode = mode
-        if mode == "frozen_copy":  # before the adapter is added: the copy is the base model
-            self._reference_transformer = copy.deepcopy(self.transformer).requires_grad_(False).eval()
-        if cfg.finetune == "lora":
-            from diffusers.training_utils import cast_training_params
-            from peft import LoraConfig
+        trained = cfg.trained_experts or list(self.experts)
+        unknown = [name for name in trained if name not in self.experts]
+        if unknown:
+            from flowgrpo.models.config import ModelConfigError
 
-            lora = LoraConfig(
-                r=cfg.lora_rank,
-                lora_alpha=cfg.lora_alpha,
-                init_lora_weights="gaussian",  # A ~ N(0, 1/r), B = 0: the adapter starts as the identity
-                target_modules=self._lora_targets(),
-            )
-            self.transformer.add_adapter(lora, adapter_name=ADAPTER_NAME)
-            cast_training_params(self.transformer, torch.float32)  # LoRA weights train in fp32
-        else:
-            self.transformer.requires_grad_(True)
-        if cfg.gradient_checkpointing:
-            self.transformer.enable_gradient_checkpointing()
-        self._trainable_names = [n for n, p in self.transformer.named_parameters() if p.requires_grad]
+            raise ModelConfigError(f"model.trained_experts names {unknown}, which this model does not have; its "
+                                   f"denoising networks are {list(self.experts)}: list some of them, or null for all")
+        self.trained_experts = [name for name in self.experts if name in trained]
+        self.transformer = self.experts[self.trained_experts[0]]  # the (first) trained network
+        for name in self.trained_experts:
+            network = self.experts[name]
+            if mode == "frozen_copy":  # before the adapter is added: the copy is the base model
+                self._references[name] = copy.deepcopy(network).requires_grad_(False).eval()
+            if cfg.finetune == "lora":
+                from diffusers.training_utils import cast_training_params
+                from peft import LoraConfig
+
+                lora = LoraConfig(
+                    r=cfg.lora_rank,
+                    lora_alpha=cfg.lora_alpha,
+                    init_lora_weights="gaussian",  # A ~ N(0, 1/r), B = 0: the adapter starts as the identity
+                    target_modules=self._lora_targets(),
+                )
+                network.add_adapter(lora, adapter_name=ADAPTER_NAME)
+                cast_training_params(network, torch.float32)  # LoRA weights train in fp32
+            else:
+                network.requires_grad_(True)
+            if cfg.gradient_checkpointing:
+                network.enable_gradient_checkpointing()
+        self._trainable_names = [(name, n) for name in self.trained_experts
+                                 for n, p in self.experts[name].named_parameters() if p.requires_grad]
+
+    @property
+    def _reference_transformer(self) -> Optional[torch.nn.Module]:
+        """The frozen reference copy of the (first) trained network, or None."""
+        return self._references.get(self.trained_experts[0])
 
     def _lora_targets(self) -> list[str]:
         targets = list(self.config.lora_target_modules)
@@ -467,9 +510,9 @@ class FlowModel:
 
         With CFG on (SD3, Wan and FLUX-without-guidance-embeds when guidance_scale > 1) the unconditional
         and conditional passes are one batched call ``[uncond; cond]``, combined in float32 as
-        ``v_u + g * (v_c - v_u)``. ``cond`` has one row per latent (``Conditioning.select``).
+        ``v_u + g * (v_c - v_u)``. ``cond`` has one row per latent (``Conditioning.select``). A two-expert model
+        (Wan2.2) sends each row to the expert its σ belongs to (``_routes``), with that expert's guidance scale.
         """
-        scale = self.config.guidance_scale if guidance_scale is None else float(guidance_scale)
         n = x.shape[0]
         self._check_latents(x)
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=self.device)
@@ -483,9 +526,53 @@ class FlowModel:
             )
         cond = cond.to(self.device)
         x = x.to(self.device, self.dtype)
-        transformer = self.forward_module
-        if self._in_reference and self.reference_mode == "frozen_copy":
-            transformer = self._reference_transformer
+        routes = self._routes(sigma)
+        if len(routes) == 1:  # every row on one network (always, for one-network models): no gathering
+            v = self._network_velocity(routes[0][1], x, sigma, cond, self._expert_scale(routes[0][1], guidance_scale))
+        else:
+            parts, order = [], []
+            for rows, name in routes:
+                parts.append(self._network_velocity(name, x[rows], sigma[rows], cond.select(rows),
+                                                    self._expert_scale(name, guidance_scale)))
+                order.append(rows)
+            v = torch.cat(parts)[torch.argsort(torch.cat(order))]
+        if self.call_every_expert:
+            first = torch.zeros(1, dtype=torch.long, device=self.device)
+            for name in self.experts.keys() - {name for _, name in routes}:
+                idle = self._network_velocity(name, x[:1], sigma[:1], cond.select(first),
+                                              self._expert_scale(name, guidance_scale))
+                v = v + 0.0 * idle.sum()  # in the graph, so its backward (a collective when sharded) runs too
+        return v
+
+    def _routes(self, sigma: torch.Tensor) -> list[tuple[Optional[torch.Tensor], str]]:
+        """Which network denoises which rows: [(row indices, expert name)], one entry per expert with rows. With a
+        boundary, rows whose timestep σ·T is at or above it go to the first expert (high noise), the others to the
+        second, WanPipeline's rule (``t >= boundary_timestep``), so rollout and every training pass agree on the
+        network of each step."""
+        names = list(self.experts)
+        if self.boundary is None:
+            return [(None, names[0])]
+        high = sigma * self._num_train_timesteps >= self.boundary
+        routes = [(torch.nonzero(mask).squeeze(1), name) for mask, name in ((high, names[0]), (~high, names[1]))]
+        routes = [(rows, name) for rows, name in routes if rows.numel()]
+        return [(None, routes[0][1])] if len(routes) == 1 else routes
+
+    def _expert_scale(self, name: str, guidance_scale: Optional[float]) -> float:
+        """The guidance scale of ``name``'s steps: the caller's, else the config's, except that the second expert of
+        a two-expert model takes ``guidance_scale_2`` when it is set (Wan2.2's low-noise stage)."""
+        if guidance_scale is not None:
+            return float(guidance_scale)
+        if name != next(iter(self.experts)) and self.config.guidance_scale_2 is not None:
+            return float(self.config.guidance_scale_2)
+        return float(self.config.guidance_scale)
+
+    def _network_velocity(self, name: str, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning,
+                          scale: float) -> torch.Tensor:
+        """The velocity of expert ``name`` (the policy, or inside ``reference()`` the reference) at these rows."""
+        n = x.shape[0]
+        transformer = self.experts[name]
+        if self._in_reference and name in self._references:
+            transformer = self._references[name]
         if self._uses_cfg(scale):
             both = cond.unconditional().concat(cond)
             x2, sigma2 = torch.cat([x, x]), torch.cat([sigma, sigma])
@@ -551,8 +638,8 @@ class FlowModel:
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters the optimizer updates: LoRA weights (fp32), or every transformer weight."""
-        named = dict(self.transformer.named_parameters())  # looked up by name: survives in-place FSDP2 sharding
-        return [named[n] for n in self._trainable_names]
+        named = {name: dict(self.experts[name].named_parameters()) for name in self.trained_experts}
+        return [named[e][n] for e, n in self._trainable_names]  # looked up by name: survives in-place FSDP2 sharding
 
     @contextmanager
     def reference(self) -> Iterator[None]:
@@ -568,67 +655,104 @@ class FlowModel:
         requires_grad = [p.requires_grad for p in trainable]
         self._in_reference = True
         if self.reference_mode == "adapter_disabled":
-            self.transformer.disable_adapters()
+            for name in self.trained_experts:
+                self.experts[name].disable_adapters()
         try:
             with torch.no_grad():
                 yield
         finally:
             self._in_reference = False
             if self.reference_mode == "adapter_disabled":
-                self.transformer.enable_adapters()
+                for name in self.trained_experts:
+                    self.experts[name].enable_adapters()
                 # peft's enable_adapters sets requires_grad on the adapter; restore what it was
                 for p, flag in zip(trainable, requires_grad):
                     p.requires_grad_(flag)
 
     def networks(self) -> list[torch.nn.Module]:
-        """The networks a sharded run shards: the trained transformer, and the frozen reference copy when kept."""
-        return [self.transformer] + ([self._reference_transformer] if self._reference_transformer is not None else [])
+        """The networks a sharded run shards: every expert (the trained ones and a frozen one) and the frozen
+        reference copies when kept."""
+        return list(self.experts.values()) + list(self._references.values())
 
     def trained_state(self) -> dict[str, torch.Tensor]:
-        """What ``save_trainable`` writes, by state-dict name: the LoRA weights, or the whole transformer's state."""
-        state = self.transformer.state_dict()
-        return state if self.config.finetune == "full" else {n: state[n] for n in self._trainable_names}
+        """What ``save_trainable`` writes, as ``"<expert>.<state-dict name>"``: the LoRA weights, or the whole state
+        of each trained expert."""
+        state = {}
+        names = {(e, n) for e, n in self._trainable_names}
+        for expert in self.trained_experts:
+            own = self.experts[expert].state_dict()
+            state.update({f"{expert}.{n}": t for n, t in own.items() if self.config.finetune == "full" or (expert, n) in names})
+        return state
+
+    def _saved_file(self, expert: str) -> Optional[str]:
+        """The LoRA file of ``expert`` in a saved folder: diffusers' default name for the first network, a file named
+        after the component for the second (loaded with ``load_lora_weights(folder, weight_name=...,
+        load_into_transformer_2=True)``), and for full fine-tuning a subfolder per expert beyond the first."""
+        return None if expert == next(iter(self.experts)) else f"pytorch_lora_weights_{expert}.safetensors"
 
     def save_trainable(self, folder: str | os.PathLike, state: Optional[dict[str, torch.Tensor]] = None) -> None:
         """LoRA: diffusers' LoRA file (loads with ``pipe.load_lora_weights``, alpha kept); full: the transformer
-        folder (``from_pretrained``). ``state``: ``trained_state()``'s tensors to write instead of the module's own
-        (a sharded run gathers them whole first)."""
+        folder (``from_pretrained``). ``state``: ``trained_state()``'s tensors to write instead of the modules' own
+        (a sharded run gathers them whole first). A second trained expert (Wan2.2's ``transformer_2``) is written
+        beside the first: ``pytorch_lora_weights_transformer_2.safetensors``, or the folder ``transformer_2/``."""
         os.makedirs(folder, exist_ok=True)
+        for expert in self.trained_experts:
+            own = None if state is None else {k.removeprefix(f"{expert}."): v for k, v in state.items()
+                                              if k.startswith(f"{expert}.")}
+            self._save_expert(expert, folder, own)
+
+    def _save_expert(self, expert: str, folder: str | os.PathLike, state: Optional[dict[str, torch.Tensor]]) -> None:
+        network = self.experts[expert]
         if self.config.finetune == "full":
+            if expert != next(iter(self.experts)):
+                folder = os.path.join(folder, expert)
             if state is None:
-                self.transformer.save_pretrained(folder, safe_serialization=True)
+                network.save_pretrained(folder, safe_serialization=True)
                 return
             from huggingface_hub import save_torch_state_dict
 
-            self.transformer.save_config(folder)
+            network.save_config(folder)
             save_torch_state_dict(state, folder, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
                                   max_shard_size="10GB")
             return
         from peft.utils import get_peft_model_state_dict
 
-        metadata = self.transformer.peft_config[ADAPTER_NAME].to_dict()
+        metadata = network.peft_config[ADAPTER_NAME].to_dict()
         metadata = {k: sorted(v) if isinstance(v, set) else v for k, v in metadata.items()}
         self.pipeline_class.save_lora_weights(
             folder,
-            transformer_lora_layers=get_peft_model_state_dict(self.transformer, state_dict=state, adapter_name=ADAPTER_NAME),
+            transformer_lora_layers=get_peft_model_state_dict(network, state_dict=state, adapter_name=ADAPTER_NAME),
             transformer_lora_adapter_metadata=metadata,
             safe_serialization=True,
+            **({"weight_name": self._saved_file(expert)} if self._saved_file(expert) else {}),
         )
 
     def load_trainable(self, folder: str | os.PathLike) -> None:
         """Load what ``save_trainable`` wrote, in place (the optimizer's parameters stay the same objects)."""
+        for expert in self.trained_experts:
+            self._load_expert(expert, folder)
+
+    def _load_expert(self, expert: str, folder: str | os.PathLike) -> None:
+        network = self.experts[expert]
         if self.config.finetune == "full":
             from safetensors.torch import load_file
 
+            if expert != next(iter(self.experts)):
+                folder = os.path.join(folder, expert)
             files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
             if not files:
                 raise FileNotFoundError(f"no *.safetensors transformer weights in {folder}")
             state = {k: v for f in files for k, v in load_file(f).items()}
-            self.transformer.load_state_dict(state, strict=True)
+            network.load_state_dict(state, strict=True)
             return
         from peft.utils import set_peft_model_state_dict
 
-        state, metadata = self.pipeline_class.lora_state_dict(folder, return_lora_metadata=True)
+        name = self._saved_file(expert)
+        if name is not None and not os.path.isfile(os.path.join(folder, name)):
+            raise FileNotFoundError(f"{folder} has no {name}: the LoRA of {expert} (this model trains "
+                                    f"{', '.join(self.trained_experts)}; set model.trained_experts to what was saved)")
+        state, metadata = self.pipeline_class.lora_state_dict(folder, return_lora_metadata=True,
+                                                              **({"weight_name": name} if name else {}))
         prefix = "transformer."  # diffusers' LoRA files prefix keys and metadata with the component name
         metadata = {k.removeprefix(prefix): v for k, v in (metadata or {}).items()}
         for key, want in (("r", self.config.lora_rank), ("lora_alpha", self.config.lora_alpha)):
@@ -639,7 +763,7 @@ class FlowModel:
                     f"and model.lora_alpha to match the saved adapter (or save it with save_trainable)"
                 )
         state = {k.removeprefix(prefix): v for k, v in state.items()}
-        result = set_peft_model_state_dict(self.transformer, state, adapter_name=ADAPTER_NAME)
+        result = set_peft_model_state_dict(network, state, adapter_name=ADAPTER_NAME)
         if result.unexpected_keys:
             raise ValueError(f"LoRA in {folder} has weights this model does not: {result.unexpected_keys[:5]}")
         missing = [k for k in result.missing_keys if "lora_" in k]

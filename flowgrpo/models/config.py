@@ -30,6 +30,8 @@ DEFAULT_LORA_TARGETS = (
 # cross-attention (attn2) block, as diffusers' and DanceGRPO's Wan LoRA training choose.
 WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 ADAPTER_NAME = "default"  # the peft adapter flowgrpo trains
+# a pipeline's denoising networks: one, or two experts switched at a boundary timestep (Wan2.2 A14B)
+EXPERT_COMPONENTS = ("transformer", "transformer_2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FINETUNE_MODES = ("lora", "full")
 REFERENCE_MODES = ("auto", "adapter_disabled", "frozen_copy", "none")
@@ -68,6 +70,11 @@ class ModelConfig:
     num_frames: int = 1
     dim: int = 2  # the analytic family: dimension d of its samples (other families ignore it)
     guidance_scale: float = 4.5  # SD3: CFG scale (>1 batches [uncond; cond]); FLUX.1-dev: embedded guidance
+    # two-expert models (Wan2.2 A14B): the CFG scale of the second, low-noise expert's steps; null = guidance_scale
+    guidance_scale_2: Optional[float] = None
+    # two-expert models: which experts train, by pipeline component: transformer (high noise), transformer_2 (low
+    # noise); null = every expert. An expert left out is used as it is (frozen, no LoRA)
+    trained_experts: Optional[List[str]] = None
     max_sequence_length: int = 16  # T5 text tokens (tiny model: 16; SD3.5: 256; FLUX: 512)
     sample_steps: int = 40  # default number of ODE steps for evaluation sampling
     shift: Optional[float] = None  # time shift sigma -> s*sigma/(1+(s-1)*sigma); None = from the scheduler config
@@ -180,6 +187,11 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
                   f"{lower} or {lower + factor}")
     if not config.guidance_scale >= 0:
         raise bad("guidance_scale", "a number >= 0 (<= 1 turns SD3's CFG off)")
+    if config.guidance_scale_2 is not None and not config.guidance_scale_2 >= 0:
+        raise bad("guidance_scale_2", "null (= guidance_scale) or a number >= 0")
+    if config.trained_experts is not None and (not config.trained_experts
+                                               or set(config.trained_experts) - set(EXPERT_COMPONENTS)):
+        raise bad("trained_experts", f"null (every expert) or a non-empty list of {', '.join(EXPERT_COMPONENTS)}")
     if config.shift is not None and not config.shift > 0:
         raise bad("shift", "null (read from the scheduler config) or a number > 0")
     if not config.lora_alpha > 0:

@@ -13,6 +13,13 @@
   ``video_processor.postprocess_video`` -> float32 ``[N, F, 3, H, W]`` in [0, 1], the layout of the
   video reward contract (``rewards/base.py``).
 
+Wan2.2. The A14B models are two experts of the Wan2.1-14B shape: ``transformer`` denoises the high-noise
+timesteps (t >= ``boundary_ratio`` x 1000, 0.875 for text-to-video), ``transformer_2`` the rest, each with its own
+CFG scale (``guidance_scale``, ``guidance_scale_2``). ``FlowModel`` routes every velocity call row by row
+(``_routes``), so a rollout and every learner's recompute of a step use the same expert; ``model.trained_experts``
+picks which of the two train. TI2V-5B is one network with ``expand_timesteps``: the timestep is given per latent
+token, as the pipeline does for text-to-video (every token at t).
+
 Wan ships a ``UniPCMultistepScheduler`` with ``flow_shift`` (3.0 at 480p, 5.0 at 720p); the
 adapter reads that shift, and the samplers own the sigma grid. UniPC rounds its timesteps to
 integers; the adapter passes ``sigma * 1000`` unrounded (as ``FlowMatchEulerDiscreteScheduler``),
@@ -43,6 +50,17 @@ class WanModel(FlowModel):
             device=self.device,
         )
         return embeds, None, None
+
+    def _transformer_velocity(self, transformer, x, sigma, cond, guidance_scale):
+        """The DiT call; for pipelines with ``expand_timesteps`` (Wan2.2 TI2V-5B) the timestep is one per token,
+        ``[B, f * h/2 * w/2]``, every token at the step's t, as WanPipeline builds it for text-to-video."""
+        if not self.pipeline.config.get("expand_timesteps", False):
+            return super()._transformer_velocity(transformer, x, sigma, cond, guidance_scale)
+        _, ph, pw = transformer.config.patch_size
+        tokens = x.shape[2] * (x.shape[3] // ph) * (x.shape[4] // pw)
+        timestep = (sigma * self._num_train_timesteps)[:, None].expand(-1, tokens)
+        return transformer(hidden_states=x, timestep=timestep, encoder_hidden_states=cond.prompt_embeds.to(self.dtype),
+                           return_dict=False)[0]
 
     def latent_shape(
         self, height: Optional[int] = None, width: Optional[int] = None, num_frames: Optional[int] = None

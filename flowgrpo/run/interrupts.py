@@ -104,9 +104,9 @@ class StopSignals:
 
 
 def denoisers(model) -> list:
-    """The networks a flowgrpo model calls once per denoising or training step: the trained one and
-    its frozen reference copy, if it keeps one."""
-    return [getattr(model, "transformer", None), getattr(model, "_reference_transformer", None)]
+    """The networks a flowgrpo model calls once per denoising or training step: its experts (one, or Wan2.2's
+    two) and their frozen reference copies, if it keeps them."""
+    return model.networks() if hasattr(model, "networks") else [getattr(model, "transformer", None)]
 
 
 def hold_signals() -> Callable[[], None]:

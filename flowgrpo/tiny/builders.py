@@ -240,8 +240,13 @@ class TinyWanSizes:
     shift: float = 3.0  # time shift of the scheduler (Wan2.1 uses 3.0 at 480p)
 
 
-def build_tiny_wan_pipeline(tokenizer, sizes: TinyWanSizes = TinyWanSizes(), seed: int = 0):
+def build_tiny_wan_pipeline(tokenizer, sizes: TinyWanSizes = TinyWanSizes(), seed: int = 0, *,
+                            boundary_ratio: float | None = None, expand_timesteps: bool = False):
     """A randomly initialised ``WanPipeline`` (Wan2.1 text-to-video) of the real classes.
+
+    ``boundary_ratio`` makes it a Wan2.2 A14B-style pipeline: a second transformer (``transformer_2``, the
+    low-noise expert, its own random weights) that denoises the timesteps below ``boundary_ratio x 1000``.
+    ``expand_timesteps`` is Wan2.2 TI2V-5B's per-token timestep.
 
     ``WanTransformer3DModel``, ``AutoencoderKLWan``, ``UMT5EncoderModel`` and a T5 tokenizer
     (:func:`build_t5_tokenizer`), with a ``FlowMatchEulerDiscreteScheduler`` (Wan ships UniPC; the
@@ -305,10 +310,16 @@ def build_tiny_wan_pipeline(tokenizer, sizes: TinyWanSizes = TinyWanSizes(), see
         rope_max_seq_len=max(32, latent_frames, sizes.image_size // spatial),
     )
     _eval_mode(vae, text_encoder, transformer)
+    experts = {}
+    if boundary_ratio is not None:
+        experts["transformer_2"] = WanTransformer3DModel.from_config(transformer.config).eval()
     return WanPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
         vae=vae,
         scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=sizes.shift),
         transformer=transformer,
+        boundary_ratio=boundary_ratio,
+        expand_timesteps=expand_timesteps,
+        **experts,
     )

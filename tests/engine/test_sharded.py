@@ -183,6 +183,25 @@ def test_sharded_video(tiny_wan_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")
+@pytest.mark.parametrize("sharded, trained", [(True, None), (False, "[transformer_2]")], ids=["fsdp-both", "ddp-low"])
+def test_two_experts_over_processes(tmp_path, sharded, trained):
+    """Wan2.2's two experts (the tiny Wan2.2 layout, boundary 875) with DiffusionNFT, whose time draws are per row: a
+    process's rows may all fall on one expert while the other's do not. Sharded, every process still runs both
+    experts (the same collectives); unsharded with only the low-noise expert trained, a parameter one process never
+    reached is still summed over both. Either way 2 processes train what 1 trains."""
+    from train_fixtures import save_tiny_wan22
+
+    folder = save_tiny_wan22(tmp_path / "wan22")
+    video = {"train.iterations": 2, "eval.limit": 2, "eval.reward": "toy_video", "model.guidance_scale_2": 3.0,
+             **({"model.trained_experts": trained} if trained else {})}
+    frames = "per_frame, kwargs: {reward: 'train_fixtures:Brightness'}"
+    one = _train(1, tmp_path / "one", folder, script="train_t2v.py", reward=frames, **video)
+    two = _train(2, tmp_path / "two", folder, script="train_t2v.py", reward=frames, sharded=sharded, **video)
+    _assert_same_training(one, two, "trained_samples", SMALL["train.learning_rate"], step=2)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
 def test_two_machines_on_localhost(tiny_sd3_dir, tmp_path):
     """``accelerate launch --config_file configs/accelerate/fsdp2.yaml`` on two "machines" (machine ranks 0 and 1,
     one process each, rendezvous on localhost) trains what 2 processes on one machine train, to the bit."""
