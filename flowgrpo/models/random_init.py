@@ -41,7 +41,8 @@ PROMPT_TEMPLATES = (
 
 def _layer_keys(config: dict) -> list[str]:
     """The depth keys of a component configuration."""
-    return [k for k in ("num_layers", "num_single_layers", "num_hidden_layers") if k in config]
+    return [k for k in ("num_layers", "num_single_layers", "num_hidden_layers", "n_layers", "n_refiner_layers")
+            if k in config]  # n_layers, n_refiner_layers: Z-Image's transformer
 
 
 def _reduced(config: dict, depth: int | None, vocab: int | None = None) -> dict:
@@ -114,8 +115,9 @@ def random_pipeline(pipeline_class, folder: Path, *, device: torch.device, dtype
         raise UserError(f"{folder} has no {', '.join(m + '.json' for m in missing)}: model.random_weights builds the "
                         f"pipeline from the published configuration of every component (docs/memory.md)")
     torch.manual_seed(seed)
-    parts = {"transformer": diffusers_model(_reduced(configs["transformer"], depth), device, dtype),
-             "vae": diffusers_model(configs["vae"], device, torch.float32)}
+    parts = {name: diffusers_model(_reduced(configs[name], depth), device, dtype)
+             for name in ("transformer", "transformer_2") if name in configs}  # Wan2.2 A14B: two experts
+    parts["vae"] = diffusers_model(configs["vae"], device, torch.float32)
     scheduler = configs["scheduler"]
     parts["scheduler"] = getattr(diffusers, scheduler["_class_name"]).from_config(scheduler)
     for name, tokenizer_name in TOKENIZER_OF.items():
@@ -127,9 +129,11 @@ def random_pipeline(pipeline_class, folder: Path, *, device: torch.device, dtype
                             if k in encoder and getattr(tokenizer, k, None) is not None})
             parts[name] = _transformers_model(encoder, device, dtype)
             parts[tokenizer_name] = tokenizer
-    expected = set(pipeline_class._get_signature_keys(pipeline_class)[0])
-    return pipeline_class(**{k: v for k, v in parts.items() if k in expected},
-                          **{k: None for k in expected - set(parts) if k in _optional(pipeline_class)})
+    expected, settings = pipeline_class._get_signature_keys(pipeline_class)
+    # the pipeline's own settings from its model_index.json (Wan2.2: boundary_ratio, expand_timesteps)
+    parts.update({k: v for k, v in configs.get("model_index", {}).items() if k in settings})
+    return pipeline_class(**{k: v for k, v in parts.items() if k in expected or k in settings},
+                          **{k: None for k in set(expected) - set(parts) if k in _optional(pipeline_class)})
 
 
 def _optional(pipeline_class) -> set[str]:

@@ -42,6 +42,9 @@ class Family:
 FAMILIES = {
     "flux2": Family("flowgrpo.tiny.flux2:save_tiny_flux2", {"model.family": "flux2", "model.guidance_scale": 4.0,
                                                             "model.max_sequence_length": 48}),  # its system message
+    "z_image": Family("flowgrpo.tiny.z_image:save_tiny_z_image", {"model.family": "z_image", "model.guidance_scale": 3.0}),
+    "z_image_turbo": Family("flowgrpo.tiny.z_image:save_tiny_z_image", {"model.family": "z_image",
+                                                                        "model.guidance_scale": 0.0}),  # CFG-free
     "flux2_klein": Family("flowgrpo.tiny.flux2:save_tiny_flux2_klein", {"model.family": "flux2_klein",
                                                                         "model.guidance_scale": 4.0}),  # base: CFG
     # Wan2.2 A14B's layout: the 4-step plan's σ 1, 0.9 go to the high-noise expert, 0.75, 0.5 to the low-noise one
