@@ -298,6 +298,7 @@ class FlowModel:
     # LoRA targets used when the config leaves lora_target_modules at the SD3/FLUX default
     default_lora_targets: ClassVar[tuple[str, ...]] = DEFAULT_LORA_TARGETS
     _default_max_shift: ClassVar[float] = 1.15  # the pipeline's default for dynamic shifting
+    negative_prompt: ClassVar[str] = ""  # CFG's unconditional row: the pipeline's default negative (Qwen-Image: " ")
 
     def __init__(self, config: ModelConfig | dict):
         self.config = validate_model_config(config)
@@ -488,7 +489,7 @@ class FlowModel:
         negative = (None, None, None)
         if self._cfg_possible():
             if self._negative is None:
-                neg = self._encode([""])
+                neg = self._encode([self.negative_prompt])
                 self._negative = (neg[0], neg[1], neg[3] if len(neg) > 3 else None)
             negative = self._negative
         return Conditioning(cat(0), cat(1), negative[0], negative[1], parts[0][2], prompt_mask=cat(3),
