@@ -13,7 +13,7 @@ from typing import Optional
 
 FAMILY_COMPONENTS = {"sd3": ("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
                      "flux": ("transformer", "text_encoder", "text_encoder_2", "vae"),
-                     "wan": ("transformer", "text_encoder", "vae"),
+                     "wan": ("transformer", "text_encoder", "vae"),  # Wan2.2 A14B adds transformer_2
                      "qwen_image": ("transformer", "text_encoder", "vae"),
                      "flux2": ("transformer", "text_encoder", "vae"),
                      "flux2_klein": ("transformer", "text_encoder", "vae"),
@@ -25,7 +25,7 @@ def _config_files(folder: Path) -> dict[str, Path]:
     (a pipeline folder saved with save_pretrained)."""
     files = {p.stem: p for p in sorted(folder.glob("*.json")) if p.stem != "model_index"}
     files.update({p.parent.name: p for p in sorted(folder.glob("*/config.json"))})
-    return {k: v for k, v in files.items() if k == "transformer" or k == "vae" or k.startswith("text_encoder")}
+    return {k: v for k, v in files.items() if k.startswith(("transformer", "text_encoder")) or k == "vae"}
 
 
 def architecture_dir(model_config, name: Optional[str] = None) -> Path:

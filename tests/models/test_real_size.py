@@ -1,4 +1,5 @@
-"""The real-size code path on a CPU: each real architecture (SD3.5-Medium and -Large, FLUX.1-dev, Wan2.1-1.3B) at its real
+"""The real-size code path on a CPU: each real architecture (SD3.5-Medium and -Large, FLUX.1-dev, FLUX.2-klein-4B,
+Z-Image-Turbo, Qwen-Image, Wan2.1-1.3B, Wan2.2-A14B's two experts) at its real
 width and head count, one block of each kind and one text-encoder layer (``model.random_weights: true
 model.depth: 1``: random weights, no download), trains one iteration of the default at a small resolution.
 It proves the adapters, the LoRA target names, dtype handling and gradient checkpointing at real dimensions,
@@ -22,8 +23,15 @@ SMALL = {  # a real model at one block per kind, a small picture, a short text a
     "eval.every": 0, "eval.at_start": False, "eval.limit": 1, "eval.steps": 1, "log.samples_every": 0,
     "log.save_every": 0, "log.progress": False, "log.tensorboard": False, "log.eval_samples": 0,
 }
+VIDEO = {"model.resolution": 32, "model.width": 32, "model.num_frames": 5}
 SIZES = {"sd3_5_medium": {"model.resolution": 64}, "sd3_5_large": {"model.resolution": 64}, "flux_dev": {"model.resolution": 64},
-         "wan2_1_t2v_1_3b": {"model.resolution": 32, "model.width": 32, "model.num_frames": 5}}
+         "flux2_klein_4b": {"model.resolution": 64}, "z_image_turbo": {"model.resolution": 64},
+         "qwen_image": {"model.resolution": 64},
+         "wan2_1_t2v_1_3b": VIDEO, "wan2_2_t2v_a14b": VIDEO}
+# model -> (the residual width, transformer blocks at depth 1: one of each kind; Z-Image's two refiners and main
+# layers are one class; Wan2.2 A14B: one block in each of its two experts)
+WIDTHS = {"sd3_5_medium": (1536, 1), "sd3_5_large": (2432, 1), "flux_dev": (3072, 2), "flux2_klein_4b": (3072, 2),
+          "z_image_turbo": (3840, 3), "qwen_image": (3072, 1), "wan2_1_t2v_1_3b": (1536, 1), "wan2_2_t2v_a14b": (5120, 2)}
 
 
 @pytest.mark.slow
@@ -38,12 +46,14 @@ def test_real_architecture_trains_one_iteration(model, tmp_path):
     cfg = load_config(None, model, [f"{k}={v}" for k, v in settings.items()], base=reward,
                       default="default_t2v" if model.startswith("wan") else "default")
     trainer = Trainer(cfg)
-    width = {"sd3_5_medium": 1536, "sd3_5_large": 2432, "flux_dev": 3072, "wan2_1_t2v_1_3b": 1536}[model]
-    blocks = [m for m in trainer.model.transformer.modules() if type(m).__name__ in trainer.model.transformer._no_split_modules]
-    assert len(blocks) == (2 if model == "flux_dev" else 1)  # one block of each kind
+    width, count = WIDTHS[model]
+    experts = list(trainer.model.experts.values())
+    blocks = [m for e in experts for m in e.modules() if type(m).__name__ in e._no_split_modules]
+    assert len(blocks) == count  # one block of each kind
     assert any(p.shape[-1] == width for p in trainer.model.transformer.parameters())  # the real width
-    lora = [n for n, _ in trainer.model.transformer.named_parameters() if "lora_" in n]
-    assert lora, "the config's LoRA targets name modules of the real architecture"
+    for expert in experts:
+        lora = [n for n, _ in expert.named_parameters() if "lora_" in n]
+        assert lora, "the config's LoRA targets name modules of the real architecture"
     before = [p.detach().clone() for p in trainer.policy.params]
     metrics = trainer.train()
     assert math.isfinite(metrics["loss"]) and metrics["trained_samples"] == 2
