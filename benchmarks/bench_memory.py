@@ -147,8 +147,17 @@ def measure(model_name: str, finetune: str | None, micro_batches: list[int], dev
 
 def compare(row: dict) -> list[str]:
     """Lines of measured / planned for one measured row (the plan of flowgrpo/models/memory.py, one process)."""
-    from flowgrpo.models.memory import plan_for_bench
+    from omegaconf import OmegaConf
 
+    from flowgrpo.models.memory import PLANNED_FAMILIES, plan_for_bench
+    from flowgrpo.run.paths import configs_dir
+
+    family = OmegaConf.load(configs_dir() / "models" / f"{row['model']}.yaml").family
+    if family not in PLANNED_FAMILIES:  # measured only: the plan has no activation inventory for this family
+        return [f"{row['model']} ({row['finetune']}), GiB measured (no plan for the {family} family): weights "
+                f"{row['weights_bytes'] / GIB:.2f}, gradients and optimizer {row['grads_and_optimizer_bytes'] / GIB:.2f}, "
+                "activations " + ", ".join(f"{k} {v if isinstance(v, str) else f'{v / GIB:.2f}'}"
+                                           for k, v in row["activations"].items())]
     plan = plan_for_bench(row["model"], row["finetune"])
     lines = [f"{row['model']} ({row['finetune']}), GiB measured / planned:"]
     for key in ("weights_bytes", "grads_and_optimizer_bytes"):

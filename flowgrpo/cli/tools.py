@@ -180,15 +180,16 @@ def cmd_plan(args) -> int:
     from omegaconf import OmegaConf
 
     from flowgrpo.models.config import validate_model_config
-    from flowgrpo.models.memory import DEFAULT_COPIES, FAMILY_COMPONENTS, format_plan, plan, read_architecture
+    from flowgrpo.models.memory import DEFAULT_COPIES, PLANNED_FAMILIES, format_plan, plan, read_architecture
     from flowgrpo.run.errors import UserError
     from flowgrpo.run.paths import configs_dir
 
     path = _model_yaml(args.model)
     model_config = validate_model_config(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
-    if model_config.family not in FAMILY_COMPONENTS:
-        raise UserError(f"--model {args.model!r} is of the {model_config.family!r} family; flowgrpo plan covers the "
-                        f"diffusers families ({', '.join(sorted(FAMILY_COMPONENTS))})")
+    if model_config.family not in PLANNED_FAMILIES:
+        raise UserError(f"--model {args.model!r} is of the {model_config.family!r} family; flowgrpo plan has the "
+                        f"activation inventory of the {', '.join(PLANNED_FAMILIES)} families only; measure this one on a "
+                        f"GPU: python benchmarks/bench_memory.py --model {args.model} (docs/memory.md)")
     for option, value in (("--processes", args.processes), ("--group", args.group), ("--micro-batch", args.micro_batch),
                           ("--steps", args.steps)):
         if value is not None and value < 1:

@@ -582,7 +582,9 @@ class MemoryPlan:
     margin: float
     params: dict[str, int]  # component -> parameters
     trainable_params: int
-    weights: int  # the transformer (and LoRA) weights held by this process
+    experts: int  # denoising networks of the transformer's shape (Wan2.2 A14B: 2), each one call's network
+    trained_experts: int  # how many of them train
+    weights: int  # the transformer (and LoRA) weights held by this process, every expert
     buffers: int  # the transformer's floating-point buffers (never sharded)
     buffer_elements: int
     gradients: int
@@ -627,6 +629,11 @@ def trainable_dtype(finetune: str, dtype: str, master_dtype: Optional[str]) -> s
     return "float32" if finetune == "lora" else master_dtype or dtype
 
 
+# the families whose blocks have an activation inventory here (_joint_block, _single_block, _wan_block); the others
+# (Qwen-Image, FLUX.2, Z-Image) are measured on a GPU with benchmarks/bench_memory.py
+PLANNED_FAMILIES = ("sd3", "flux", "wan")
+
+
 def plan(arch: Architecture, model_config, processes: int = 1, fsdp: bool = False, finetune: Optional[str] = None,
          gpu_memory: float = 80.0, *, group: int = 8, micro_batch: int = 1, steps: Optional[int] = None,
          checkpointing: Optional[bool] = None, copies: Sequence[str] = DEFAULT_COPIES,
@@ -652,13 +659,16 @@ def plan(arch: Architecture, model_config, processes: int = 1, fsdp: bool = Fals
     lora = 0 if full else lora_parameters(arch.linears, targets, cfg.lora_rank)
     if not full and lora == 0:
         raise ValueError(f"no nn.Linear of {arch.transformer.class_name} matches the LoRA targets {targets}")
-    trainable = base if full else lora
+    # a second expert (Wan2.2 A14B's transformer_2) has the transformer's shape: held, sharded and trained like it
+    experts = 1 + sum(c.name == "transformer_2" for c in arch.frozen())
+    trained_n = len(cfg.trained_experts) if cfg.trained_experts else experts
+    trainable = trained_n * (base if full else lora)
     trained = trainable_dtype(cfg.finetune, cfg.dtype, master_dtype)
     g = DTYPE_BYTES[trained]
-    weights = (base * g if full else base * b + lora * 4) / shard
+    weights = (trained_n * (base * g if full else base * b + lora * 4) + (experts - trained_n) * base * b) / shard
     reference_mode = cfg.reference if cfg.reference != "auto" else ("frozen_copy" if full else "adapter_disabled")
     frozen = {c.name: c.params * (4 if c.name == "vae" else b) + c.buffers * (4 if c.name == "vae" else b)
-              for c in arch.frozen()}
+              for c in arch.frozen() if c.name != "transformer_2"}
     fsdp_buffers = 0
     if fsdp and arch.blocks:
         largest = max(arch.blocks, key=lambda blk: blk.params)
@@ -678,11 +688,14 @@ def plan(arch: Architecture, model_config, processes: int = 1, fsdp: bool = Fals
     result = MemoryPlan(
         model=name or cfg.pretrained, processes=processes, fsdp=fsdp, finetune=cfg.finetune, dtype=cfg.dtype,
         trainable_dtype=trained, gpu_memory_gib=gpu_memory, margin=margin,
-        params={c.name: c.params for c in arch.components}, trainable_params=trainable,
-        weights=math.ceil(weights), buffers=arch.transformer.buffers * b, buffer_elements=arch.transformer.buffers,
+        params={c.name: c.params for c in arch.components}, trainable_params=trainable, experts=experts,
+        trained_experts=trained_n,
+        weights=math.ceil(weights), buffers=experts * arch.transformer.buffers * b,
+        buffer_elements=experts * arch.transformer.buffers,
         gradients=math.ceil(trainable * g / shard), optimizer=math.ceil(2 * trainable * g / shard),
         copies={c: math.ceil(trainable * g / shard) for c in copies},
-        reference=math.ceil(base * b / shard) if reference_mode == "frozen_copy" else 0, reference_mode=reference_mode,
+        reference=math.ceil(trained_n * base * b / shard) if reference_mode == "frozen_copy" else 0,
+        reference_mode=reference_mode,
         frozen=frozen, fsdp_buffers=fsdp_buffers,
         tokens=token_counts(arch.geometry, cfg), latent_numel=latent, steps=steps, group=group,
         micro_batch=micro_batch, cfg=2 if uses_cfg else 1, checkpointing=checkpointing,
@@ -716,7 +729,9 @@ def format_plan(p: MemoryPlan) -> str:
     shard = f", FSDP over {p.processes}" if p.fsdp else (f", {p.processes} processes, unsharded" if p.processes > 1 else "")
     kind = f" + {p.trainable_params / 1e6:.1f} M LoRA float32" if p.finetune == "lora" else ""
     dtype = p.dtype if p.finetune == "lora" or p.trainable_dtype == p.dtype else f"{p.trainable_dtype} master weights"
-    rows = [(f"transformer weights ({p.params['transformer'] / 1e9:.3f} B params, {dtype}{kind})", p.weights)]
+    name = "transformer weights" if p.experts == 1 else f"{p.experts} experts' weights ({p.trained_experts} trained)"
+    each = "" if p.experts == 1 else " each"
+    rows = [(f"{name} ({p.params['transformer'] / 1e9:.3f} B params{each}, {dtype}{kind})", p.weights)]
     if p.buffers:
         rows.append((f"transformer buffers ({p.buffer_elements / 1e6:.1f} M elements, not sharded)", p.buffers))
     what = "LoRA float32" if p.finetune == "lora" else f"full, {p.trainable_dtype}"

@@ -17,6 +17,7 @@ from flowgrpo.models.memory import (
     activation_bytes,
     architecture_from_configs,
     backward_transient_bytes,
+    format_plan,
     is_target,
     lora_parameters,
     lora_targets,
@@ -342,3 +343,38 @@ def test_published_transformer_sizes(model, published):
     cfg = validate_model_config(OmegaConf.to_container(OmegaConf.load(configs_dir() / "models" / f"{model}.yaml")))
     transformer = read_architecture(cfg, model).transformer
     assert abs(transformer.params + transformer.buffers - published) / published < 0.03, transformer
+
+
+# ----------------------------------------------------------------------------- two experts, families without a plan
+
+
+def test_two_experts_hold_two_transformers_and_train_what_the_config_says():
+    """Wan2.2 A14B is two Wan2.1-14B-shaped experts: twice the weights of Wan2.1-14B, LoRA on each trained one, and the
+    activations of one call (one expert per call)."""
+    from omegaconf import OmegaConf
+
+    from flowgrpo.run.paths import configs_dir
+
+    def config(name, **extra):
+        return validate_model_config({**OmegaConf.to_container(OmegaConf.load(configs_dir() / "models" / f"{name}.yaml")),
+                                      "resolution": 480, "width": 832, "num_frames": 81, **extra})
+
+    one = plan(read_architecture(config("wan2_1_t2v_14b"), "wan2_1_t2v_14b"), config("wan2_1_t2v_14b"), steps=40)
+    arch = read_architecture(config("wan2_2_t2v_a14b"), "wan2_2_t2v_a14b")
+    both = plan(arch, config("wan2_2_t2v_a14b"), steps=40)
+    low = plan(arch, config("wan2_2_t2v_a14b", trained_experts=["transformer_2"]), steps=40)
+    assert both.experts == 2 and both.trained_experts == 2 and low.trained_experts == 1
+    assert both.trainable_params == 2 * one.trainable_params == 2 * low.trainable_params
+    assert both.weights == 2 * one.weights and low.weights == 2 * one.weights - one.trainable_params * 4
+    assert "transformer_2" not in both.frozen and both.frozen == one.frozen
+    assert both.activations_per_sample == one.activations_per_sample
+    sharded = plan(arch, config("wan2_2_t2v_a14b"), processes=8, fsdp=True, steps=40)
+    assert sharded.weights == pytest.approx(both.weights / 8, abs=1)
+    assert "2 experts' weights (2 trained)" in format_plan(both)
+
+
+def test_plan_names_the_benchmark_for_a_family_it_has_no_inventory_for(capsys):
+    from flowgrpo.cli.tools import UserExit, main
+
+    with pytest.raises(UserExit, match=r"'qwen_image' family.*python benchmarks/bench_memory.py --model qwen_image"):
+        main(["plan", "--model", "qwen_image"])
