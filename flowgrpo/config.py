@@ -401,14 +401,17 @@ def plan_arguments(cfg: Config) -> dict:
     return {**preset["plan"], **dict(cfg.sampling.plan)}
 
 
-def plan_schedule(cfg: Config, model_shift: float):
+def plan_schedule(cfg: Config, model):
     """The run's plan schedule (samplers.method_schedule): the plan of every iteration, built with the time shift
-    of sampling.plan.shift, else sampling.shift, else the model's."""
+    of sampling.plan.shift, else sampling.shift, else the model's for the plan's number of steps
+    (``model.shift_for``), and the model scheduler's terminal stretch (``model.shift_terminal``; Qwen-Image)."""
     import samplers
 
-    shift = plan_arguments(cfg).get("shift", cfg.sampling.shift or model_shift)
-    return samplers.method_schedule(cfg.sampling.method, plan={**cfg.sampling.plan, "shift": shift},
-                                    window=dict(cfg.sampling.window) or None, seed=cfg.train.seed)
+    arguments = plan_arguments(cfg)
+    shift = arguments.get("shift", cfg.sampling.shift or model.shift_for(int(arguments["num_steps"])))
+    plan = {**cfg.sampling.plan, "shift": shift, "shift_terminal": getattr(model, "shift_terminal", None)}
+    return samplers.method_schedule(cfg.sampling.method, plan=plan, window=dict(cfg.sampling.window) or None,
+                                    seed=cfg.train.seed)
 
 
 def processes_check(cfg: Config, world_size: int) -> None:

@@ -35,7 +35,7 @@ def generate(
     ``progress``: a bar labelled ``desc`` that counts ODE steps over all batches."""
     noise_index = list(range(len(prompts))) if noise_index is None else list(noise_index)
     steps = steps or model.config.sample_steps
-    sigmas = samplers.time_grid(steps, model.shift)
+    sigmas = samplers.time_grid(steps, model.shift_for(steps), model.shift_terminal)
     images = []
     starts = range(0, len(prompts), batch_size)
     # leave=None: the bar stays when it is the only one (the start-up evaluation), goes when it sits under another

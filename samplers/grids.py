@@ -79,14 +79,33 @@ def shift_sigmas(t: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * t / (1.0 + (shift - 1.0) * t)
 
 
-def time_grid(num_steps: int, shift: float = 3.0) -> torch.Tensor:
-    """σ grid [num_steps + 1] float64 from 1 to 0 (σ_0 = 1, σ_T = 0) with the SD3 time shift."""
+def time_grid(num_steps: int, shift: float = 3.0, terminal: float | None = None) -> torch.Tensor:
+    """σ grid [num_steps + 1] float64 from 1 to 0 (σ_0 = 1, σ_T = 0) with the SD3 time shift; with ``terminal``,
+    stretched so that the last σ before 0 is ``terminal`` (``terminal_stretch``)."""
     if int(num_steps) != num_steps or num_steps < 1:
         raise ValueError(f"num_steps must be a positive integer, got {num_steps}")
     t = torch.linspace(1.0, 0.0, int(num_steps) + 1, dtype=torch.float64)
     sigmas = shift_sigmas(t, shift)
     sigmas[0], sigmas[-1] = 1.0, 0.0  # exact endpoints whatever the rounding of the shift
-    return sigmas
+    return terminal_stretch(sigmas, terminal)(sigmas)
+
+
+def terminal_stretch(sigmas: torch.Tensor, terminal: float | None):
+    """The map σ -> 1 − (1 − σ)/s that a scheduler's ``shift_terminal`` applies (Qwen-Image: 0.02), with s chosen
+    so that the last σ of ``sigmas`` before its final 0 becomes ``terminal``; σ = 1 stays 1 and the final 0 stays 0
+    (diffusers' FlowMatchEulerDiscreteScheduler stretches its sigmas before appending the 0). The identity for
+    ``terminal=None`` or a grid of one step."""
+    if terminal is None or sigmas.numel() < 3:
+        return lambda s: s
+    if not 0 < terminal < 1:
+        raise ValueError(f"shift_terminal must be in (0, 1), got {terminal}")
+    scale = (1.0 - float(sigmas[-2])) / (1.0 - terminal)
+
+    def stretch(s: torch.Tensor) -> torch.Tensor:
+        out = 1.0 - (1.0 - s) / scale
+        return torch.where(s == 0, torch.zeros_like(out), out)
+
+    return stretch
 
 
 def flash_steps(num_steps: int, window_end: int, ratio: float) -> int:
@@ -100,17 +119,19 @@ def flash_steps(num_steps: int, window_end: int, ratio: float) -> int:
     return window_end + (math.ceil(tail * ratio - 1e-9) if tail else 0)
 
 
-def flash_grid(num_steps: int, shift: float, window_end: int, ratio: float) -> torch.Tensor:
+def flash_grid(num_steps: int, shift: float, window_end: int, ratio: float, terminal: float | None = None) -> torch.Tensor:
     """MixGRPO-Flash σ grid [flash_steps + 1] float64: original points up to ``window_end``, then the
-    rest of the way to σ = 0 re-gridded with ⌈(T − window_end)·ratio⌉ steps, linear in unshifted t."""
+    rest of the way to σ = 0 re-gridded with ⌈(T − window_end)·ratio⌉ steps, linear in unshifted t (with
+    ``terminal``, every point goes through the stretch of the original T-step grid)."""
     total = flash_steps(num_steps, window_end, ratio)
-    head = time_grid(num_steps, shift)[: window_end + 1]
+    stretch = terminal_stretch(time_grid(num_steps, shift), terminal)
+    head = time_grid(num_steps, shift, terminal)[: window_end + 1]
     tail_steps = total - window_end
     if tail_steps == 0:
         return head
     t_start = 1.0 - window_end / num_steps
     t_tail = torch.linspace(t_start, 0.0, tail_steps + 1, dtype=torch.float64)[1:]
-    tail = shift_sigmas(t_tail, shift)
+    tail = stretch(shift_sigmas(t_tail, shift))
     tail[-1] = 0.0
     return torch.cat([head, tail])
 
@@ -127,6 +148,7 @@ __all__ = [
     "make_generator",
     "seed_prefix",
     "shift_sigmas",
+    "terminal_stretch",
     "time_grid",
 ]
 

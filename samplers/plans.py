@@ -179,6 +179,7 @@ def compose_plan(
     num_steps: int,
     *,
     shift: float = 3.0,
+    shift_terminal: float | None = None,
     kernel: str = "flow_sde",
     eta: float | None = None,
     group_size: int = 1,
@@ -203,6 +204,7 @@ def compose_plan(
 ) -> Plan:
     """Build a plan from orthogonal options (all step indices refer to the original T steps).
 
+    - ``shift``/``shift_terminal``: the grid's time shift and terminal stretch (``grids.time_grid``).
     - ``kernel``/``eta``: main-lane SDE kernel (η defaults to the kernel's paper value); ``"ode"``
       makes an all-ODE trunk (TempFlow).
     - ``window=(l, w)``: SDE only on steps l..l+w−1 (and on split steps); ODE with ``solver``
@@ -245,9 +247,9 @@ def compose_plan(
         late = sorted(s for s in splits_set | side_set if s >= window_end)
         if late:
             raise ValueError(f"steps {late} lie in the compressed post-window stretch; move them")
-        sigmas = flash_grid(T, shift, window_end, post_window_ratio)
+        sigmas = flash_grid(T, shift, window_end, post_window_ratio, shift_terminal)
     else:
-        sigmas = time_grid(T, shift)
+        sigmas = time_grid(T, shift, shift_terminal)
     total = sigmas.numel() - 1
     train_until = min(math.floor(T * train_fraction + 1e-9), total - 1)
     s32 = sigmas.to(torch.float32).tolist()

@@ -33,7 +33,7 @@ def flowgrpo_ode_latents(model, prompts, x_T, num_steps, guidance_scale=None, si
     cond = model.encode_prompts(list(prompts))
     velocity = model.velocity_fn(cond, guidance_scale)
     index = torch.arange(len(prompts))
-    grid = time_grid(num_steps, model.shift) if sigmas is None else sigmas
+    grid = time_grid(num_steps, model.shift_for(num_steps), model.shift_terminal) if sigmas is None else sigmas
     return sample_ode(velocity, x_T.float(), grid, index).float()
 
 

@@ -65,7 +65,7 @@ class Trainer:
                              adam_betas=t.adam_betas, grad_clip=t.grad_clip)
         # the held-out evaluation's weights: an EMA of the trained ones, updated after every optimizer step
         self.ema = self.policy.copy("ema", t.ema_decay) if t.ema_decay > 0 else None
-        self.schedule = plan_schedule(cfg, self.model.shift)
+        self.schedule = plan_schedule(cfg, self.model)
         prompts, metadata = read_prompts(cfg.prompts)
         groups = strata(metadata, t.balance_by, cfg.prompts) if t.balance_by else None
         self.draws = rollout.PromptDraws(prompts, metadata, groups, t, cfg.sampling.batches_per_iteration,

@@ -14,10 +14,11 @@ plain functions of tensors:
 - ``call_timer`` (:class:`CallTimer`): the time spent inside the network's calls (forwards and the
   backward through them), which the trainer logs per phase and ``benchmarks/bench_overhead.py`` reads.
 
-Family files (``sd3.py``, ``flux.py``, ``wan.py``) only say how one transformer call is made and
-how prompts are encoded, using the pipeline's own methods; video families (``modality == "video"``)
-take latents [N, C, f, h, w] and decode to videos [N, F, 3, H, W]. Run the tests with
-``pytest tests/models/test_sd3.py tests/models/test_flux.py tests/models/test_wan.py tests/models/test_model_configs.py``.
+Family files (``sd3.py``, ``flux.py``, ``flux2.py``, ``qwen_image.py``, ``z_image.py``, ``wan.py``) only say how
+one transformer call is made and how prompts are encoded, using the pipeline's own methods; video families
+(``modality == "video"``) take latents [N, C, f, h, w] and decode to videos [N, F, 3, H, W]. A pipeline with two
+experts (Wan2.2 A14B: ``transformer`` for high noise, ``transformer_2`` for low) is routed here, row by row
+(``experts``, ``_routes``; docs/models.md, "Two experts"). Run the tests with ``pytest tests/models``.
 """
 
 from __future__ import annotations
@@ -309,6 +310,10 @@ class FlowModel:
         self._load_components()
         self.latent_shape()  # fail now if the resolution does not fit the model
         self.shift: float = float(cfg.shift) if cfg.shift is not None else self._scheduler_shift()
+        # the scheduler's terminal stretch of its sigma grid (Qwen-Image: the last sigma before 0 is 0.02), or None
+        pipeline = getattr(self, "pipeline", None)
+        terminal = pipeline.scheduler.config.get("shift_terminal") if pipeline is not None else None
+        self.shift_terminal: Optional[float] = float(terminal) if terminal else None
         self._negative: Optional[tuple] = None  # cached unconditional embedding
         # the denoising networks by the pipeline's component name: one ("transformer"), or two experts switched at a
         # boundary timestep (Wan2.2 A14B: "transformer" for high noise, "transformer_2" for low noise)
@@ -417,6 +422,11 @@ class FlowModel:
     def _lora_targets(self) -> list[str]:
         targets = list(self.config.lora_target_modules)
         return list(self.default_lora_targets) if tuple(targets) == DEFAULT_LORA_TARGETS else targets
+
+    def shift_for(self, num_steps: int) -> float:
+        """The time shift of a grid of ``num_steps`` steps: ``model.shift`` (the config's, else the scheduler's at the
+        configured size). A family whose pipeline makes the shift depend on the step count (FLUX.2) overrides it."""
+        return self.shift
 
     def _scheduler_shift(self) -> float:
         """The time shift the pipeline's scheduler applies at the configured size."""

@@ -29,12 +29,11 @@ What the two pipelines do, and how the adapter mirrors it:
 - **Time shift.** FLUX.2 does not use ``calculate_shift``: it computes ``mu`` with ``compute_empirical_mu(
   image_seq_len, num_steps)``, an empirical fit that depends on the number of image tokens AND the number of
   steps, and the scheduler shifts ``sigma -> e^mu sigma / (1 + (e^mu - 1) sigma)`` (exponential time shift). So
-  ``model.shift = exp(mu(image tokens at config.resolution, config.sample_steps))`` (``shift_for_steps`` gives it
-  for another step count). The trainer uses the one ``model.shift`` for every grid, so a training plan with a
-  different number of steps (``sampling.plan.num_steps``) samples on the grid of ``config.sample_steps``' shift,
-  not on the one the pipeline would pick for that step count; set ``sampling.shift`` (or ``model.shift``) to
-  ``model.shift_for_steps(plan steps)`` to match the pipeline there instead. For large images
-  (more than 4300 tokens, above ~1050 x 1050 px) ``mu`` no longer depends on the step count.
+  ``model.shift = exp(mu(image tokens at config.resolution, config.sample_steps))``, and ``shift_for(T)`` gives it
+  for a grid of T steps: the trainer builds each plan's grid with the shift of the plan's own number of steps
+  (``sampling.plan.num_steps``) and the evaluation with that of ``eval.steps``, the shift the pipeline would use
+  for those step counts. ``model.shift`` (or ``sampling.shift``) set in the config fixes one shift for every grid.
+  For large images (more than 4300 tokens, above ~1050 x 1050 px) ``mu`` no longer depends on the step count.
 - **Decoding** as the pipelines: de-normalise with the BatchNorm statistics, ``_unpatchify_latents``,
   ``vae.decode``, ``image_processor.postprocess``; ``encode_images`` is the pipeline's ``_encode_vae_image``
   (VAE mean, patchified, normalised).
@@ -123,9 +122,15 @@ class _Flux2Base(FlowModel):
         _, h, w = self.latent_shape()
         return h * w  # the packed tokens, as the pipelines pass latents.shape[1]
 
-    def shift_for_steps(self, num_steps: int) -> float:
-        """The scheduler's time shift for ``num_steps`` steps at ``config.resolution``: ``exp(mu)`` with ``mu`` from
-        the pipeline's own ``compute_empirical_mu`` (the module docstring says why it depends on the step count)."""
+    def shift_for(self, num_steps: int) -> float:
+        """The time shift for ``num_steps`` steps at ``config.resolution``: the config's ``shift`` when set, else the
+        scheduler's, ``exp(mu)`` with ``mu`` from the pipeline's own ``compute_empirical_mu`` (the module docstring
+        says why it depends on the step count)."""
+        if self.config.shift is not None:
+            return float(self.config.shift)
+        return self._scheduler_shift_for(num_steps)
+
+    def _scheduler_shift_for(self, num_steps: int) -> float:
         sched = self.pipeline.scheduler.config
         if not sched.get("use_dynamic_shifting", False):
             return float(sched.get("shift", 1.0))
@@ -134,7 +139,7 @@ class _Flux2Base(FlowModel):
         return math.exp(mu) if sched.get("time_shift_type", "exponential") == "exponential" else mu
 
     def _scheduler_shift(self) -> float:
-        return self.shift_for_steps(self.config.sample_steps)
+        return self._scheduler_shift_for(self.config.sample_steps)
 
     # ------------------------------------------------------------------ LoRA
     def _lora_targets(self) -> list[str]:

@@ -28,9 +28,8 @@ What the pipeline does, and how the adapter mirrors it:
   ``base_image_seq_len`` 256, ``max_image_seq_len`` 8192, ``base_shift`` 0.5, ``max_shift`` 0.9 (Qwen-Image's
   scheduler config), ``shift = exp(mu)`` (the base class computes it with the pipeline module's ``calculate_shift``).
   Qwen-Image's scheduler also has ``shift_terminal: 0.02``: it stretches its sigmas so the last one before 0 is
-  0.02. flowgrpo's samplers own the grid (``samplers.grids.time_grid(T, shift)``) and have no terminal stretch, so
-  with that scheduler they sample on a different grid than the pipeline (the velocity is the same function);
-  ``shift_terminal`` is kept as an attribute so the difference is visible (tests/models/test_qwen_image.py).
+  0.02. ``FlowModel`` reads it (``model.shift_terminal``) and the samplers' grids apply the same stretch
+  (``samplers.grids.time_grid(T, shift, terminal)``), so rollouts and evaluation run on the pipeline's own grid.
 - **Decoding.** ``latents / (1 / latents_std) + latents_mean`` per channel (the pipeline's arithmetic), the VAE on
   one frame, the first frame, ``image_processor.postprocess``.
 - **LoRA.** Qwen-Image's dual-stream blocks name their attention projections as SD3 / FLUX do (``attn.to_q/k/v``,
@@ -65,8 +64,6 @@ class QwenImageModel(FlowModel):
                 f"{self.config.pretrained} has a guidance-distilled Qwen-Image transformer (guidance_embeds=true); "
                 "flowgrpo's qwen_image family runs Qwen-Image's true CFG only: use a checkpoint without guidance "
                 "embeddings (Qwen/Qwen-Image)")
-        # the scheduler's terminal stretch, which flowgrpo's sigma grid does not apply (see the module docstring)
-        self.shift_terminal: Optional[float] = self.pipeline.scheduler.config.get("shift_terminal")
 
     # ---------------------------------------------------------------- prompts
     def _encode(self, prompts: list[str]):

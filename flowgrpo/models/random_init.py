@@ -58,6 +58,17 @@ def _reduced(config: dict, depth: int | None, vocab: int | None = None) -> dict:
             config["dual_attention_layers"] = [i for i in config["dual_attention_layers"] if i < config["num_layers"]]
         if vocab is not None and "vocab_size" in config:
             config["vocab_size"] = min(int(config["vocab_size"]), vocab)
+        # multimodal text encoders nest their language model and vision tower (Mistral-Small-3: text_config and
+        # a Pixtral vision_config; Qwen2.5-VL: vision_config's `depth`): cut those too
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"] = _reduced(config["text_config"], depth, vocab)
+        if isinstance(config.get("vision_config"), dict):
+            vision = _reduced(config["vision_config"], depth)
+            if "depth" in vision:
+                vision["depth"] = min(int(vision["depth"]), depth)
+            if vision.get("fullatt_block_indexes") is not None:
+                vision["fullatt_block_indexes"] = [i for i in vision["fullatt_block_indexes"] if i < vision.get("depth", i + 1)]
+            config["vision_config"] = vision
     return config
 
 
@@ -98,6 +109,10 @@ def _tokenizer(encoder_config: dict, max_sequence_length: int):
         return build_clip_tokenizer(corpus, max_length=CLIP_LENGTH)
     if model_type.startswith("qwen"):  # Qwen2.5-VL (Qwen-Image), Qwen3 (Z-Image, FLUX.2 klein)
         return build_qwen_tokenizer(corpus + list(PROMPT_TEMPLATES), max_length=max_sequence_length)
+    if model_type == "mistral3":  # FLUX.2-dev's Mistral-Small-3 reads a Pixtral processor with a chat template
+        from flowgrpo.models.tokenizers import build_mistral_processor
+
+        return build_mistral_processor(corpus, max_length=max_sequence_length)
     return build_t5_tokenizer(corpus, max_length=max_sequence_length)
 
 
@@ -123,7 +138,8 @@ def random_pipeline(pipeline_class, folder: Path, *, device: torch.device, dtype
     for name, tokenizer_name in TOKENIZER_OF.items():
         if name in configs:
             tokenizer = _tokenizer(configs[name], max_sequence_length)
-            encoder = _reduced(configs[name], depth, vocab=len(tokenizer) if depth is not None else None)
+            words = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
+            encoder = _reduced(configs[name], depth, vocab=len(words) if depth is not None else None)
             # the pooled CLIP output is read at the end-of-text token: the local tokenizer's ids
             encoder.update({k: getattr(tokenizer, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                             if k in encoder and getattr(tokenizer, k, None) is not None})

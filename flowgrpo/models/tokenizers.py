@@ -1,6 +1,7 @@
 """Tokenizers built locally, in the real formats, from a word list (no download).
 
-``build_clip_tokenizer``: a CLIP-format byte-level BPE (``CLIPTokenizer``) whose merges make every corpus word
+``build_qwen_tokenizer`` and ``build_mistral_processor``: Qwen's byte-level BPE with its chat template (Qwen2.5-VL,
+Qwen3) and Mistral-Small-3's processor (FLUX.2-dev). ``build_clip_tokenizer``: a CLIP-format byte-level BPE (``CLIPTokenizer``) whose merges make every corpus word
 one token; ``build_t5_tokenizer``: a T5-format Unigram (``T5Tokenizer``, as T5 and UMT5 read it) whose every
 corpus word is one piece. They save and load with ``save_pretrained`` / ``from_pretrained`` like the real ones.
 The tiny models (flowgrpo/tiny/builders.py) and the random-weight real architectures
@@ -136,4 +137,56 @@ def build_qwen_tokenizer(corpus: Iterable[str], max_length: int = 64):
     return tokenizer
 
 
-__all__ = ["BOS", "EOS", "QWEN_CHAT_TEMPLATE", "build_clip_tokenizer", "build_qwen_tokenizer", "build_t5_tokenizer"]
+# Mistral's control tokens (ids 0..3 as in Mistral's tekken vocabulary: <unk>, <s>, </s>, [INST]; then the rest)
+MISTRAL_SPECIAL = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]",
+                   "[IMG_BREAK]", "[IMG_END]", "<pad>")
+# Mistral-Small-3's chat format for text turns: <s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST], content parts
+# given as [{"type": "text", "text": ...}] (as Flux2Pipeline's format_input builds them)
+MISTRAL_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['content'] is string %}{% set text = message['content'] %}"
+    "{% else %}{% set text = message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') %}"
+    "{% endif %}"
+    "{% if message['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
+    "{% elif message['role'] == 'user' %}[INST]{{ text }}[/INST]"
+    "{% else %}{{ text }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def build_mistral_processor(corpus: list[str], max_length: int = 16):
+    """A local ``PixtralProcessor`` (Mistral-Small-3's processor class): a byte-level BPE tokenizer whose merges make
+    every corpus pre-token one token, Mistral's control tokens, right padding with ``<pad>``, and the chat
+    template above; a small Pixtral image processor. The corpus gets Flux2Pipeline's system message."""
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PixtralImageProcessor, PixtralProcessor, PreTrainedTokenizerFast
+
+    split = pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated", invert=False)
+    pre = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    words: Counter = Counter()
+    for text in list(corpus) + [SYSTEM_MESSAGE]:
+        words.update(piece for piece, _ in pre.pre_tokenize_str(text))
+    merges = _train_bpe(words, end_mark="")
+    vocab = {t: i for i, t in enumerate(MISTRAL_SPECIAL)}
+    for c in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab.setdefault(c, len(vocab))
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    backend.pre_tokenizer = pre
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, model_max_length=max_length, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        pad_token="<pad>", padding_side="right",
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": [t for t in MISTRAL_SPECIAL[3:] if t != "<pad>"]})
+    tokenizer.chat_template = MISTRAL_CHAT_TEMPLATE
+    image_processor = PixtralImageProcessor(size={"longest_edge": 32}, patch_size={"height": 8, "width": 8})
+    return PixtralProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8, spatial_merge_size=2,
+                            image_token="[IMG]", image_break_token="[IMG_BREAK]", image_end_token="[IMG_END]",
+                            chat_template=MISTRAL_CHAT_TEMPLATE)
+
+
+
+__all__ = ["BOS", "EOS", "QWEN_CHAT_TEMPLATE", "build_clip_tokenizer", "build_mistral_processor", "build_qwen_tokenizer",
+           "build_t5_tokenizer"]

@@ -117,6 +117,8 @@ def test_preset_trains_on_family(family, preset, folders, tmp_path):
     saved = run / "checkpoints" / "step_2"
     assert (saved / "tensors.safetensors").is_file() and (saved / "model").is_dir()
     if preset == FAST:  # the saved LoRA is the family's own format: its pipeline loads it and it changes the output
+        plan = trainer.schedule.plan(0)  # the grid of the plan's own step count (FLUX.2's shift depends on it)
+        assert plan.shift == trainer.model.shift_for(plan.sigmas.numel() - 1)
         for expert in trainer.model.experts:  # every step is trained: each trained expert's LoRA moved from B = 0
             # (not every B: a last block's text-stream output is discarded in the MM-DiTs, so its LoRA never moves)
             moved = [p.abs().sum() > 0 for n, p in trainer.model.experts[expert].named_parameters() if "lora_B" in n]

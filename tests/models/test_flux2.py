@@ -102,8 +102,9 @@ def test_klein_shapes_shift_and_encoding(klein_folder):
         model.latent_shape(36, 32)
     # FLUX.2's mu depends on the image tokens AND the step count
     assert model.shift == pytest.approx(math.exp(compute_empirical_mu(16, STEPS)), rel=1e-12)
-    assert model.shift_for_steps(50) == pytest.approx(math.exp(compute_empirical_mu(16, 50)), rel=1e-12)
-    assert model.shift_for_steps(50) != pytest.approx(model.shift)
+    assert model.shift_for(50) == pytest.approx(math.exp(compute_empirical_mu(16, 50)), rel=1e-12)
+    assert model.shift_for(50) != pytest.approx(model.shift)
+    assert model.shift_for(model.config.sample_steps) == model.shift
     cond = model.encode_prompts(PROMPTS)
     assert tuple(cond.prompt_embeds.shape) == (3, 16, 96)  # 3 stacked Qwen3 layers of width 32
     assert tuple(cond.text_ids.shape) == (16, 4)  # 4-D ids (T, H, W, L)

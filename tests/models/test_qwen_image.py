@@ -42,12 +42,10 @@ def load(folder, **overrides):
     return load_family("qwen_image", folder, 4.0, **overrides)
 
 
-def pipeline(folder, lora=None, shift_terminal=None):
-    """The ordinary pipeline from the folder. Its scheduler is Qwen-Image's with ``shift_terminal`` set as asked
-    (None: the grid flowgrpo samples on; see test_sigma_grid_and_shift_terminal)."""
+def pipeline(folder, lora=None):
+    """The ordinary pipeline from the folder, with Qwen-Image's published scheduler (``shift_terminal`` 0.02)."""
     pipe = QwenImagePipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, shift_terminal=shift_terminal)
     if lora is not None:
         pipe.load_lora_weights(lora)
     return pipe
@@ -183,22 +181,23 @@ def test_negative_control_a_broken_convention_fails_the_match(folder, broken, mo
 
 
 def test_sigma_grid_and_shift_terminal(folder):
-    """model.shift is the pipeline's dynamic shift; without Qwen-Image's shift_terminal the pipeline's sigmas are
-    flowgrpo's time_grid; with it (the published 0.02) they are stretched to end at 0.02, which the samplers' grid
-    does not do."""
-    from samplers.grids import time_grid
+    """model.shift is the pipeline's dynamic shift, and flowgrpo's grid applies the scheduler's shift_terminal (the
+    published 0.02: the last sigma before 0 is 0.02), so it is the pipeline's own grid; without the stretch it would
+    be far off. MixGRPO-Flash's grid keeps its window's points on the same stretched grid."""
+    from samplers.grids import flash_grid, time_grid
 
     model = load(folder)
     mu = 0.5 + (0.9 - 0.5) / (8192 - 256) * (16 - 256)  # 16 image tokens, Qwen-Image's base/max shift and lengths
     assert model.shift == pytest.approx(math.exp(mu), rel=1e-12)
     assert model.shift_terminal == 0.02 == qwen_image_scheduler_config()["shift_terminal"]
-    grid = time_grid(STEPS, model.shift).float()
-    plain = FlowMatchEulerDiscreteScheduler(**{**qwen_image_scheduler_config(), "shift_terminal": None})
-    plain.set_timesteps(sigmas=pipeline_sigmas(STEPS), mu=mu)
-    assert_close_ulps(plain.sigmas, grid, ulps=4)
+    grid = time_grid(STEPS, model.shift, model.shift_terminal).float()
     stretched = FlowMatchEulerDiscreteScheduler(**qwen_image_scheduler_config())
     stretched.set_timesteps(sigmas=pipeline_sigmas(STEPS), mu=mu)
-    assert stretched.sigmas[-2].item() == pytest.approx(0.02) and (stretched.sigmas - grid).abs().max() > 0.1
+    assert_close_ulps(stretched.sigmas, grid, ulps=4)
+    assert stretched.sigmas[-2].item() == pytest.approx(0.02)
+    assert (time_grid(STEPS, model.shift).float() - grid).abs().max() > 0.1
+    flash = flash_grid(STEPS, model.shift, 2, 0.5, model.shift_terminal).float()
+    assert torch.equal(flash[:3], grid[:3]) and flash[-1] == 0 and (flash[:-1] > 0).all()
 
 
 def test_lora_loads_into_the_pipeline_and_round_trips(folder, tmp_path):

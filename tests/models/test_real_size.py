@@ -1,4 +1,4 @@
-"""The real-size code path on a CPU: each real architecture (SD3.5-Medium and -Large, FLUX.1-dev, FLUX.2-klein-4B,
+"""The real-size code path on a CPU: each real architecture (SD3.5-Medium and -Large, FLUX.1-dev, FLUX.2-dev and -klein-4B,
 Z-Image-Turbo, Qwen-Image, Wan2.1-1.3B, Wan2.2-A14B's two experts) at its real
 width and head count, one block of each kind and one text-encoder layer (``model.random_weights: true
 model.depth: 1``: random weights, no download), trains one iteration of the default at a small resolution.
@@ -26,12 +26,13 @@ SMALL = {  # a real model at one block per kind, a small picture, a short text a
 VIDEO = {"model.resolution": 32, "model.width": 32, "model.num_frames": 5}
 SIZES = {"sd3_5_medium": {"model.resolution": 64}, "sd3_5_large": {"model.resolution": 64}, "flux_dev": {"model.resolution": 64},
          "flux2_klein_4b": {"model.resolution": 64}, "z_image_turbo": {"model.resolution": 64},
-         "qwen_image": {"model.resolution": 64},
+         "qwen_image": {"model.resolution": 64}, "flux2_dev": {"model.resolution": 64, "model.max_sequence_length": 48},
          "wan2_1_t2v_1_3b": VIDEO, "wan2_2_t2v_a14b": VIDEO}
 # model -> (the residual width, transformer blocks at depth 1: one of each kind; Z-Image's two refiners and main
 # layers are one class; Wan2.2 A14B: one block in each of its two experts)
 WIDTHS = {"sd3_5_medium": (1536, 1), "sd3_5_large": (2432, 1), "flux_dev": (3072, 2), "flux2_klein_4b": (3072, 2),
-          "z_image_turbo": (3840, 3), "qwen_image": (3072, 1), "wan2_1_t2v_1_3b": (1536, 1), "wan2_2_t2v_a14b": (5120, 2)}
+          "z_image_turbo": (3840, 3), "qwen_image": (3072, 1),
+          "flux2_dev": (6144, 2), "wan2_1_t2v_1_3b": (1536, 1), "wan2_2_t2v_a14b": (5120, 2)}
 
 
 @pytest.mark.slow

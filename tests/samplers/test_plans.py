@@ -263,3 +263,29 @@ def test_bad_plans_raise_with_the_fix():
         method_schedule("flow_grpo", plan={"windw": (0, 2)})
     with pytest.raises(ValueError, match="compressed post-window"):
         compose_plan(25, window=(0, 4), post_window_ratio=0.4, splits=(10,))
+
+
+@pytest.mark.parametrize("num_steps, shift", [(4, 3.0), (10, 1.7), (28, 3.16)])
+def test_terminal_stretch_is_the_schedulers_shift_terminal(num_steps, shift):
+    """time_grid(T, shift, terminal) equals diffusers' FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (the
+    pipelines' sigmas linspace(1, 1/T, T), shifted, stretched, then the final 0), in float32 ulps."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from samplers.grids import time_grid
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=shift, shift_terminal=0.02)
+    scheduler.set_timesteps(sigmas=list(np.linspace(1.0, 1.0 / num_steps, num_steps)))
+    grid = time_grid(num_steps, shift, 0.02)
+    assert grid[0] == 1.0 and grid[-1] == 0.0 and float(grid[-2]) == pytest.approx(0.02, rel=1e-12)
+    eps = torch.finfo(torch.float32).eps
+    assert (scheduler.sigmas.double() - grid.float().double()).abs().max() <= 4 * eps
+    assert torch.equal(time_grid(num_steps, shift, None), time_grid(num_steps, shift))
+    with pytest.raises(ValueError, match=r"shift_terminal must be in \(0, 1\)"):
+        time_grid(num_steps, shift, 1.5)
+
+
+def test_a_plan_carries_the_terminal_stretch():
+    plain, stretched = compose_plan(6, shift=3.0), compose_plan(6, shift=3.0, shift_terminal=0.05)
+    assert float(stretched.sigmas[-2]) == pytest.approx(0.05) and plain.sigmas[-2] > 0.1
+    assert stretched.sigmas[0] == 1.0 and stretched.sigmas[-1] == 0.0
