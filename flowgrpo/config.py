@@ -105,6 +105,9 @@ class DGPOConfig:
     clip_range: float = 0.01  # a sample's error stops contributing when ρ = exp(e_old − e_θ) leaves 1 ± ε on A's side
     # ema_ref: the "old" policy of the clip, updated after every optimizer step
     ema_ref: SoftCopyConfig = field(default_factory=lambda: SoftCopyConfig(rate=0.001, max=0.3))
+    # roll out with ema_ref's weights once this many optimizer steps are taken (the reference code switches its
+    # sampler to the EMA after 500 steps, 200 for OCR); 0 = always the current weights
+    sample_with_ema_after: int = 0
 
 
 @dataclass
@@ -265,6 +268,28 @@ def _unknown_key_message(exc: Exception, schema: Any) -> str:
 METHOD_SECTIONS = ("sampling", "learner", "advantage", "loss")
 
 
+# the model configs of the built-in tiny worlds (docs/presets.md): a run on one of them (or with no --model) takes the
+# tiny world's CPU settings; any other model config is a real model and takes the preset's paper recipe
+TINY_WORLD_MODELS = ("tiny_sd3", "tiny_wan", "analytic")
+# top-level blocks of a config YAML that say where the settings apply, not settings themselves:
+#   tiny:              (the embedded defaults) the tiny world's CPU settings, applied only in the tiny world
+#   recipe_preset:     (the embedded defaults) the preset whose recipe a real-model run without --preset takes
+#   recipe:            (a preset) its paper's recipe on real models, applied only with a real model config
+#   recipe_by_family:  (a preset) {family: settings} on top of `recipe` where the paper differs by model family
+#   recipe_by_reward:  (a preset) {reward name: settings} on top, when the run trains on that one reward
+WORLD_BLOCKS = ("tiny", "recipe_preset", "recipe", "recipe_by_family", "recipe_by_reward")
+
+
+def is_real_model(model: str | None) -> bool:
+    """Whether ``--model`` names a real model (its runs take the presets' paper recipes), not a tiny-world one."""
+    return bool(model) and Path(model).stem not in TINY_WORLD_MODELS
+
+
+def _blocks(layer: DictConfig) -> dict:
+    """Take the WORLD_BLOCKS out of a loaded YAML layer: {block: its content}."""
+    return {name: layer.pop(name) for name in WORLD_BLOCKS if name in layer}
+
+
 def load_config(preset: str | None = None, model: str | None = None, overrides: list[str] | None = None,
                 base: str | dict | None = None, default: str = "default") -> Config:
     """Merge default ← base ← preset ← model ← overrides onto the schema, then validate.
@@ -272,36 +297,50 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
     A METHOD_SECTIONS section that the preset writes replaces the default's section (schema defaults
     under the preset's keys) instead of merging into it.
 
+    Two worlds (docs/presets.md). With no ``model`` or a tiny-world model config (TINY_WORLD_MODELS), the default's
+    ``tiny:`` block (its CPU-scaled training settings) follows the default. With a real model config, that block is
+    left out and the preset's paper recipe follows the preset (``recipe:``, then ``recipe_by_family:`` for the model's
+    family and ``recipe_by_reward:`` for a run trained on one reward); with no preset, the recipe of the default's
+    method (``recipe_preset:``). Overrides always win.
+
     ``default`` is the embedded default: a name in configs/ ("default" for text-to-image,
     "default_t2v" for text-to-video) or a YAML file."""
     schema = Config()
-    layers = [OmegaConf.load(_resolve_yaml(default, "."))]
+    real = is_real_model(model)
+    defaults = OmegaConf.load(_resolve_yaml(default, "."))
+    world = _blocks(defaults)
+    layers = [defaults] + ([world["tiny"]] if "tiny" in world and not real else [])
     if isinstance(base, dict):
         layers.append(OmegaConf.create(base))
     elif base:
         layers.append(OmegaConf.load(_resolve_yaml(base, "presets")))
-    if preset:
-        layers.append(OmegaConf.load(_resolve_yaml(preset, "presets")))
+    recipes: dict = {}
+    method = preset or (world.get("recipe_preset") if real else None)
+    if method:
+        layers.append(OmegaConf.load(_resolve_yaml(method, "presets")))
+        recipes = _blocks(layers[-1])
         for section in METHOD_SECTIONS:  # the preset's method replaces the default's, key by key it would leak
             if section in layers[-1]:
                 layers[0].pop(section, None)
-    if model:
-        layers.append(OmegaConf.create({"model": OmegaConf.load(_resolve_yaml(model, "models"))}))
+    model_layer = OmegaConf.create({"model": OmegaConf.load(_resolve_yaml(model, "models"))}) if model else None
+    if real:
+        family = model_layer.model.get("family", ModelConfig.family)
+        layers += [recipes.get("recipe"), (recipes.get("recipe_by_family") or {}).get(family)]
+    layers.append(model_layer)
+    if real:  # a real run is not the tiny world's: named after its model and method unless run_name is given
+        layers.append(OmegaConf.create({"run_name": f"{Path(model).stem}-{Path(method).stem if method else 'default'}"}))
+    dotlist = None
     if overrides:
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not key=value (e.g. train.iterations=10)")
-        layers.append(OmegaConf.from_dotlist(overrides))
-    merged = OmegaConf.structured(schema)
-    for layer in layers:
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except (ConfigKeyError, ValidationError) as exc:
-            if isinstance(exc, ConfigKeyError) or "not in" in str(exc):
-                raise ConfigError(_unknown_key_message(exc, schema)) from None
-            key, first = getattr(exc, "full_key", None), str(exc).splitlines()[0]  # OmegaConf's message has 4 lines
-            raise ConfigError(f"bad value for {key}: {first}" if key else f"bad config value: {first}") from None
-    cfg: Config = OmegaConf.to_object(merged)
+        dotlist = OmegaConf.from_dotlist(overrides)
+    if real and recipes.get("recipe_by_reward"):  # the rewards the run trains on, as the layers and overrides say
+        rewards = _merge(schema, [*layers, dotlist]).rewards
+        names = {(r.get("name") if isinstance(r, dict) else r.name) for r in rewards}
+        if len(names) == 1:
+            layers.append((recipes["recipe_by_reward"]).get(names.pop()))
+    cfg: Config = OmegaConf.to_object(_merge(schema, [*layers, dotlist]))
     cfg.model = validate_model_config(cfg.model)
     try:
         cfg.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in cfg.rewards]
@@ -310,6 +349,22 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
                           "each colon, or YAML reads 'name:toy' as one key), e.g. rewards='[{name: toy_dense, weight: 1.0}]'") from None
     validate(cfg)
     return cfg
+
+
+def _merge(schema: Config, layers: list) -> DictConfig:
+    """The layers (None skipped) merged onto the schema; a bad key or value is a ConfigError naming it."""
+    merged = OmegaConf.structured(schema)
+    for layer in layers:
+        if layer is None:
+            continue
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except (ConfigKeyError, ValidationError) as exc:
+            if isinstance(exc, ConfigKeyError) or "not in" in str(exc):
+                raise ConfigError(_unknown_key_message(exc, schema)) from None
+            key, first = getattr(exc, "full_key", None), str(exc).splitlines()[0]  # OmegaConf's message has 4 lines
+            raise ConfigError(f"bad value for {key}: {first}" if key else f"bad config value: {first}") from None
+    return merged
 
 
 LR_SCHEDULES = ("constant", "cosine", "linear")

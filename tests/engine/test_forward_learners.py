@@ -296,3 +296,18 @@ def test_forward_learners_train_on_window_and_tree_plans(learner, method, plan, 
     assert last["trained_samples"] == 8 * 4 and torch.isfinite(torch.tensor(last["loss"]))
     assert not trainer.learner.needs_transitions and last["nfe/train_backward"] == 3 * 8 * 4 * 2
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.params))
+
+
+def test_dgpo_rolls_out_with_ema_ref_after_the_configured_steps(tmp_path):
+    """learner.dgpo.sample_with_ema_after: the reference code's switch of its sampler to the EMA. Before the step count
+    the rollout uses θ (no sampling copy), from it on ema_ref, which lags θ; 0 never switches."""
+    trainer = analytic_trainer(tmp_path, "dgpo", "learner.dgpo.sample_with_ema_after=2", "train.iterations=3",
+                               "eval.every=0", "log.samples_every=0", "log.gallery=false", "learner.time_min=0.0")
+    learner, policy = trainer.learner, trainer.policy
+    assert learner.sampling_copy is None
+    trainer.train()
+    assert policy.optimizer_steps >= 2 and learner.sampling_copy is learner.ema_ref
+    assert any(not torch.equal(a, b) for a, b in zip(learner.ema_ref.values, policy.params))
+    never = analytic_trainer(tmp_path / "never", "dgpo")
+    never.policy.optimizer_steps = 10**6
+    assert never.learner.sampling_copy is None  # 0: always the current weights

@@ -49,6 +49,14 @@ class DGPOLearner(ForwardLearner):
         # ema_ref: the "old" policy of the clip, a soft copy of θ that follows after every optimizer step
         self.ema_ref = soft_copy(policy, "ema_ref", cfg.learner.dgpo.ema_ref, follows="step")
 
+    @property
+    def sampling_copy(self):
+        """The weights the rollout samples with: ema_ref once ``dgpo.sample_with_ema_after`` optimizer steps are taken
+        (the reference code's switch of its sampler to the EMA), the current weights before (and when it is 0). A
+        pure function of the step count, which a checkpoint restores: a resumed run switches where it would have."""
+        after = self.cfg.learner.dgpo.sample_with_ema_after
+        return self.ema_ref if 0 < after <= self.policy.optimizer_steps else None
+
     def micro_loss(self, members, batches, epoch, space, first):
         lc = self.cfg.learner
         dg, K = lc.dgpo, lc.train_times
