@@ -117,7 +117,9 @@ class LearnerConfig:
     name: str = "transition"
     # --- forward-process learners: K training draws (t, ε) per sample and inner epoch, x_t = (1 − t)·x0 + t·ε
     train_times: int = 4  # K
-    time_sampler: str = "plan"  # plan (the rollout grid's σ < 1... σ_{T-1}, without replacement) | uniform | logit_normal
+    # plan (K of the rollout grid's points in [time_min, time_max], without replacement) | stratified (those points cut
+    # into K runs of neighbours, one drawn from each: AWM's draw) | uniform | logit_normal
+    time_sampler: str = "plan"
     time_min: float = 0.0  # training times below are not drawn (DGPO trains only high-noise t)
     time_max: float = 1.0  # training times above are not drawn
     logit_mean: float = 0.0  # logit_normal: t = shift(sigmoid(N(mean, std))) with the rollout's time shift
@@ -234,7 +236,7 @@ _CHOICES = {
     "loss.normalize": ("group", "transition"),
     "loss.likelihood_backend": ("reference", "fused", "auto"),
     "train.mixed_precision": ("no", "bf16", "fp16"),
-    "learner.time_sampler": ("plan", "uniform", "logit_normal"),
+    "learner.time_sampler": ("plan", "stratified", "uniform", "logit_normal"),
     "learner.share_draws": ("sample", "group"),
     "learner.train_guidance": ("conditional", "cfg"),
     "learner.awm.weighting": ("uniform", "t", "t2", "huber", "ghuber"),

@@ -79,12 +79,27 @@ def shift_sigmas(t: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * t / (1.0 + (shift - 1.0) * t)
 
 
-def time_grid(num_steps: int, shift: float = 3.0, terminal: float | None = None) -> torch.Tensor:
+GRIDS = ("linear", "scheduler")
+TRAIN_TIMESTEPS = 1000  # the flow-matching schedulers' num_train_timesteps
+
+
+def time_grid(num_steps: int, shift: float = 3.0, terminal: float | None = None, spacing: str = "linear") -> torch.Tensor:
     """σ grid [num_steps + 1] float64 from 1 to 0 (σ_0 = 1, σ_T = 0) with the SD3 time shift; with ``terminal``,
-    stretched so that the last σ before 0 is ``terminal`` (``terminal_stretch``)."""
+    stretched so that the last σ before 0 is ``terminal`` (``terminal_stretch``).
+
+    ``spacing``: "linear" spaces the unshifted t as 1, 1 − 1/T, …, 1/T (what the pipelines pass as ``sigmas``);
+    "scheduler" is diffusers' FlowMatchEulerDiscreteScheduler left to space them itself (the grid DiffusionNFT's and
+    AWM's code train on): T points from 1 to its σ_min = shift(1/1000), shifted, so the last σ before 0 is
+    shift(shift(1/1000)) (SD3's shift 3: 0.0089, where the linear grid of 10 steps stops at 0.25)."""
     if int(num_steps) != num_steps or num_steps < 1:
         raise ValueError(f"num_steps must be a positive integer, got {num_steps}")
-    t = torch.linspace(1.0, 0.0, int(num_steps) + 1, dtype=torch.float64)
+    if spacing not in GRIDS:
+        raise ValueError(f"grid spacing must be one of {GRIDS}, got {spacing!r}")
+    if spacing == "linear":
+        t = torch.linspace(1.0, 0.0, int(num_steps) + 1, dtype=torch.float64)
+    else:
+        low = float(shift_sigmas(torch.tensor(1.0 / TRAIN_TIMESTEPS, dtype=torch.float64), shift))
+        t = torch.cat([torch.linspace(1.0, low, int(num_steps), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
     sigmas = shift_sigmas(t, shift)
     sigmas[0], sigmas[-1] = 1.0, 0.0  # exact endpoints whatever the rounding of the shift
     return terminal_stretch(sigmas, terminal)(sigmas)
@@ -148,6 +163,7 @@ __all__ = [
     "make_generator",
     "seed_prefix",
     "shift_sigmas",
+    "GRIDS",
     "terminal_stretch",
     "time_grid",
 ]

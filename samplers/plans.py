@@ -180,6 +180,7 @@ def compose_plan(
     *,
     shift: float = 3.0,
     shift_terminal: float | None = None,
+    grid: str = "linear",
     kernel: str = "flow_sde",
     eta: float | None = None,
     group_size: int = 1,
@@ -204,7 +205,8 @@ def compose_plan(
 ) -> Plan:
     """Build a plan from orthogonal options (all step indices refer to the original T steps).
 
-    - ``shift``/``shift_terminal``: the grid's time shift and terminal stretch (``grids.time_grid``).
+    - ``shift``/``shift_terminal``/``grid``: the grid's time shift, terminal stretch and spacing ("linear", or
+      "scheduler": diffusers' own spacing, down to σ = 0.0089 at shift 3; ``grids.time_grid``).
     - ``kernel``/``eta``: main-lane SDE kernel (η defaults to the kernel's paper value); ``"ode"``
       makes an all-ODE trunk (TempFlow).
     - ``window=(l, w)``: SDE only on steps l..l+w−1 (and on split steps); ODE with ``solver``
@@ -247,9 +249,11 @@ def compose_plan(
         late = sorted(s for s in splits_set | side_set if s >= window_end)
         if late:
             raise ValueError(f"steps {late} lie in the compressed post-window stretch; move them")
+        if grid != "linear":
+            raise ValueError("MixGRPO-Flash's re-gridded tail is linear in the unshifted time: use grid='linear'")
         sigmas = flash_grid(T, shift, window_end, post_window_ratio, shift_terminal)
     else:
-        sigmas = time_grid(T, shift, shift_terminal)
+        sigmas = time_grid(T, shift, shift_terminal, grid)
     total = sigmas.numel() - 1
     train_until = min(math.floor(T * train_fraction + 1e-9), total - 1)
     s32 = sigmas.to(torch.float32).tolist()

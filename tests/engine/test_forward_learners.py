@@ -311,3 +311,31 @@ def test_dgpo_rolls_out_with_ema_ref_after_the_configured_steps(tmp_path):
     never = analytic_trainer(tmp_path / "never", "dgpo")
     never.policy.optimizer_steps = 10**6
     assert never.learner.sampling_copy is None  # 0: always the current weights
+
+
+@pytest.mark.parametrize("time_max, first, mean", [(0.99, 1, 0.755), (1.0, 0, 0.757)], ids=["geneval_ocr", "pickscore"])
+def test_awms_stratified_draw_on_its_14_step_grid(tmp_path, time_max, first, mean):
+    """AWM's draw (scxue/advantage_weighted_matching, train_sd3_awm.py): the 14-step scheduler grid's indices from
+    ``first`` to 11 cut into 6 runs ({1}, {2, 3}, ..., {10, 11} for GenEval/OCR; {0, 1}, ... for PickScore), one index
+    from each. GenEval/OCR: t in [0.357, 0.973], t = 0.973 always drawn, t = 1 never, mean t 0.755 (exact over the
+    runs, and within 3 standard errors over 2,000 samples)."""
+    from flowgrpo.engine.learners.forward import DrawSpace, Sample
+    from samplers.grids import time_grid
+
+    trainer = analytic_trainer(tmp_path, "awm", "learner.time_sampler=stratified", "learner.time_min=0.3",
+                               f"learner.time_max={time_max}", "learner.train_times=6")
+    grid = time_grid(14, 3.0, spacing="scheduler")[:-1].float()
+    space = DrawSpace(iteration=0, grid=grid, shift=3.0, latent=(2,))
+    draws = torch.stack([trainer.learner.draws(Sample(0, i, 0.0, 0, (i, 0)), 0, space)[0] for i in range(2000)])
+    allowed = set(grid[first:12].tolist())
+    assert set(draws.flatten().tolist()) == allowed  # the support: exactly the indices first..11
+    runs = [[first], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]] if first == 1 else [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+    for k, run in enumerate(runs):  # one draw from each run, in grid order
+        assert set(draws[:, k].tolist()) == {float(grid[i]) for i in run}
+    if first == 1:
+        assert (draws[:, 0] == grid[1]).all() and float(grid[1]) == pytest.approx(0.973, abs=5e-4)
+        assert float(grid[11]) == pytest.approx(0.357, abs=5e-4) and not (draws == 1.0).any()
+    exact = sum(float(grid[run].mean()) for run in runs) / len(runs)
+    assert exact == pytest.approx(mean, abs=1e-3)
+    se = draws.mean(1).std().item() / 2000 ** 0.5
+    assert abs(draws.mean().item() - exact) < 3 * se + 1e-6

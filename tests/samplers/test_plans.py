@@ -289,3 +289,21 @@ def test_a_plan_carries_the_terminal_stretch():
     plain, stretched = compose_plan(6, shift=3.0), compose_plan(6, shift=3.0, shift_terminal=0.05)
     assert float(stretched.sigmas[-2]) == pytest.approx(0.05) and plain.sigmas[-2] > 0.1
     assert stretched.sigmas[0] == 1.0 and stretched.sigmas[-1] == 0.0
+
+
+@pytest.mark.parametrize("num_steps", [10, 14])
+def test_the_scheduler_grid_is_diffusers_own_spacing(num_steps):
+    """grid='scheduler' is FlowMatchEulerDiscreteScheduler.set_timesteps(T) at shift 3 (DiffusionNFT's and AWM's
+    training grid): its last point before 0 is shift(shift(1/1000)) = 0.0089, where the linear grid of 10 steps stops
+    at 0.25."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    scheduler.set_timesteps(num_steps)
+    grid = compose_plan(num_steps, shift=3.0, grid="scheduler").sigmas
+    eps = torch.finfo(torch.float32).eps
+    assert (scheduler.sigmas.double() - grid.float().double()).abs().max() <= 4 * eps
+    assert float(grid[-2]) == pytest.approx(0.0089, abs=1e-4) and grid[-1] == 0.0
+    assert float(time_grid(10, 3.0)[-2]) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="grid spacing must be one of"):
+        time_grid(num_steps, 3.0, spacing="cosine")

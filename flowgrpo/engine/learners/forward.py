@@ -107,14 +107,20 @@ class ForwardLearner(Learner):
         lc, t_cfg = self.cfg.learner, self.cfg.train
         gen = samplers.make_generator(STREAM_TRAIN_DRAWS, t_cfg.seed, space.iteration, epoch, *sample.key)
         K, grid = lc.train_times, space.grid
-        if lc.time_sampler == "plan":
+        if lc.time_sampler in ("plan", "stratified"):
             candidates = grid[(grid >= lc.time_min) & (grid <= lc.time_max)]
-            if candidates.numel() < K:
+            n = candidates.numel()
+            if n < K:
                 raise ValueError(
-                    f"learner.train_times={K} but only {candidates.numel()} points of the rollout grid lie in "
+                    f"learner.train_times={K} but only {n} points of the rollout grid lie in "
                     f"[time_min={lc.time_min}, time_max={lc.time_max}]; lower train_times or widen the range"
                 )
-            t = candidates[torch.randperm(candidates.numel(), generator=gen)[:K]]
+            if lc.time_sampler == "plan":
+                t = candidates[torch.randperm(n, generator=gen)[:K]]
+            else:  # AWM's: the points (grid order) cut at ⌊n·k/K⌋, k = 0..K, one drawn uniformly from each run
+                edges = [math.floor(n * k / K) for k in range(K + 1)]
+                picks = [lo + int(torch.randint(hi - lo, (1,), generator=gen)) for lo, hi in zip(edges, edges[1:])]
+                t = candidates[torch.tensor(picks)]
         elif lc.time_sampler == "uniform":
             t = lc.time_min + (lc.time_max - lc.time_min) * torch.rand(K, generator=gen, dtype=torch.float64)
         else:  # logit_normal with the rollout's time shift k, truncated to [time_min, time_max] by inverse CDF:
