@@ -277,8 +277,9 @@ TINY_WORLD_MODELS = ("tiny_sd3", "tiny_wan", "analytic")
 #   tiny:              (the embedded defaults) the tiny world's CPU settings, applied only in the tiny world
 #   recipe_preset:     (the embedded defaults) the preset whose recipe a real-model run without --preset takes
 #   recipe:            (a preset) its paper's recipe on real models, applied only with a real model config
-#   recipe_by_family:  (a preset) {family: settings} on top of `recipe` where the paper differs by model family
-#   recipe_by_reward:  (a preset) {reward name: settings} on top, when the run trains on that one reward
+#   recipe_by_reward:  (a preset) {reward name: settings} on top of `recipe`, when the run trains on that one reward;
+#                      `several`: when it trains on more than one
+#   recipe_by_family:  (a preset) {family: settings} on top of both, where the paper differs by model family
 WORLD_BLOCKS = ("tiny", "recipe_preset", "recipe", "recipe_by_family", "recipe_by_reward")
 
 
@@ -301,9 +302,9 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
 
     Two worlds (docs/presets.md). With no ``model`` or a tiny-world model config (TINY_WORLD_MODELS), the default's
     ``tiny:`` block (its CPU-scaled training settings) follows the default. With a real model config, that block is
-    left out and the preset's paper recipe follows the preset (``recipe:``, then ``recipe_by_family:`` for the model's
-    family and ``recipe_by_reward:`` for a run trained on one reward); with no preset, the recipe of the default's
-    method (``recipe_preset:``). Overrides always win.
+    left out and the preset's paper recipe follows the preset (``recipe:``, then ``recipe_by_reward:`` for the rewards
+    trained on, then ``recipe_by_family:`` for the model's family, the most specific); with no preset, the recipe of
+    the default's method (``recipe_preset:``). Overrides always win.
 
     ``default`` is the embedded default: a name in configs/ ("default" for text-to-image,
     "default_t2v" for text-to-video) or a YAML file."""
@@ -325,23 +326,24 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
             if section in layers[-1]:
                 layers[0].pop(section, None)
     model_layer = OmegaConf.create({"model": OmegaConf.load(_resolve_yaml(model, "models"))}) if model else None
-    if real:
-        family = model_layer.model.get("family", ModelConfig.family)
-        layers += [recipes.get("recipe"), (recipes.get("recipe_by_family") or {}).get(family)]
-    layers.append(model_layer)
-    if real:  # a real run is not the tiny world's: named after its model and method unless run_name is given
-        layers.append(OmegaConf.create({"run_name": f"{Path(model).stem}-{Path(method).stem if method else 'default'}"}))
     dotlist = None
     if overrides:
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not key=value (e.g. train.iterations=10)")
         dotlist = OmegaConf.from_dotlist(overrides)
-    if real and recipes.get("recipe_by_reward"):  # the rewards the run trains on, as the layers and overrides say
-        rewards = _merge(schema, [*layers, dotlist]).rewards
-        names = {(r.get("name") if isinstance(r, dict) else r.name) for r in rewards}
-        if len(names) == 1:
-            layers.append((recipes["recipe_by_reward"]).get(names.pop()))
+    if real:  # the paper's recipe: in general, for the rewards trained on, then for the model's family (most specific)
+        family = model_layer.model.get("family", ModelConfig.family)
+        by_reward = None
+        if recipes.get("recipe_by_reward"):  # the rewards the run trains on, as the layers and overrides say
+            rewards = _merge(schema, [*layers, model_layer, dotlist]).rewards
+            names = {(r.get("name") if isinstance(r, dict) else r.name) for r in rewards}
+            table = recipes["recipe_by_reward"]
+            by_reward = table.get(names.pop()) if len(names) == 1 else table.get("several") if names else None
+        layers += [recipes.get("recipe"), by_reward, (recipes.get("recipe_by_family") or {}).get(family)]
+    layers.append(model_layer)
+    if real:  # a real run is not the tiny world's: named after its model and method unless run_name is given
+        layers.append(OmegaConf.create({"run_name": f"{Path(model).stem}-{Path(method).stem if method else 'default'}"}))
     cfg: Config = OmegaConf.to_object(_merge(schema, [*layers, dotlist]))
     cfg.model = validate_model_config(cfg.model)
     try:
