@@ -51,7 +51,9 @@ class AdvantageConfig:
     std: str = "group"  # z-score denominator: group (per group) | global (whole batch) | none (A = r − group mean, Dr. GRPO)
     eps: float = 1e-4  # added to the std
     clip: float = 5.0  # advantages are clipped to [-clip, clip]
-    multi_reward: str = "gdpo"  # several rewards: gdpo (z-score each, weighted sum, z-score the sum) | sum (weighted sum of raw rewards)
+    # several rewards: gdpo (z-score each in its group, weighted sum, z-score the sum) | zsum (the same sum, not
+    # z-scored again: MixGRPO's) | sum (weighted sum of raw rewards, then the group z-score: DiffusionNFT's, Flow-GRPO's)
+    multi_reward: str = "gdpo"
     tree_value: str = "mean"  # BranchGRPO node value: mean of descendant leaves | path_weighted (softmax of β·log p(path))
     tree_beta: float = 1.0  # β of path_weighted node values
     best_of_n: int = 0  # DanceGRPO best-of-N: train only the top n/2 and bottom n/2 samples of each group (0 = all)
@@ -228,7 +230,7 @@ LEARNER_NAMES = ("transition", "diffusion_nft", "awm", "dgpo")
 _CHOICES = {
     "sampling.reduce": ("mean", "sum"),
     "advantage.std": ("group", "global", "none"),
-    "advantage.multi_reward": ("gdpo", "sum"),
+    "advantage.multi_reward": ("gdpo", "zsum", "sum"),
     "advantage.tree_value": ("mean", "path_weighted"),
     "loss.ratio": ("plain", "guard"),
     "loss.step_weight": ("none", "inv_delta", "sage"),

@@ -48,8 +48,8 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
     signal_all = combine_rewards(all_r, weights, all_g, cfg.multi_reward, cfg.eps)
     leaf_adv_all, stats = group_zscore(signal_all, all_g, cfg.std, cfg.eps)
     stats["valid_reward_fraction"] = float(torch.isfinite(signal_all).float().mean())  # over every process's leaves
-    if all_r.shape[1] > 1 and cfg.multi_reward == "gdpo":
-        leaf_adv_all = signal_all.float()  # GDPO's batch z-score of the summed group z-scores is the advantage
+    if all_r.shape[1] > 1 and cfg.multi_reward in ("gdpo", "zsum"):
+        leaf_adv_all = signal_all.float()  # the (z-scored) sum of the group z-scores is the advantage itself
     start = rank * local_rewards.shape[0]
     leaf_adv = leaf_adv_all[start : start + local_rewards.shape[0]]
     signal = signal_all[start : start + local_rewards.shape[0]]
@@ -135,6 +135,14 @@ def gdpo(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps
     return combined
 
 
+def zsum(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """MixGRPO's multi-reward advantage (its code's ``advantage_aggr``): z-score each reward inside its group and take
+    the weighted sum, not normalised again (GDPO z-scores that sum over the batch). rewards [L, K] -> [L]."""
+    per_reward = torch.stack([group_zscore(rewards[:, k], groups, "group", eps)[0] for k in range(rewards.shape[1])], 1)
+    combined = (per_reward * weights.to(per_reward)).sum(1)
+    return torch.where(torch.isnan(rewards).any(1), torch.full_like(combined, float("nan")), combined)
+
+
 def combine_rewards(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
     """[L, K] rewards -> [L] scalar signal: one reward is scaled by its weight (a negative weight
     minimises it: every advantage rule is odd in the signal, so weight −1 flips every advantage's
@@ -143,9 +151,11 @@ def combine_rewards(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.
         return rewards[:, 0] * weights[0].to(rewards)
     if mode == "gdpo":
         return gdpo(rewards, weights, groups, eps)
+    if mode == "zsum":
+        return zsum(rewards, weights, groups, eps)
     if mode == "sum":
         return (rewards * weights.to(rewards)).sum(1)
-    raise ValueError(f"multi_reward={mode!r}; use 'gdpo' or 'sum'")
+    raise ValueError(f"multi_reward={mode!r}; use 'gdpo', 'zsum' or 'sum'")
 
 
 def win_rates(preferences: torch.Tensor) -> torch.Tensor:

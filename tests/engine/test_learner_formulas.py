@@ -402,6 +402,19 @@ def test_plain_weighted_sum_is_dominated_by_the_large_scale_reward():
     assert (adv_scaled - adv).abs().max() > 0.1
 
 
+def test_zsum_is_the_weighted_sum_of_group_z_scores_not_normalised_again():
+    """MixGRPO's rule by hand, weights (1, 2): group 0's z-scores are R0 (−r, 0, r), R1 (r, −r, 0) with r = √1.5, so
+    the sum is (r, −2r, r); group 1's (r, r, −2r). GDPO would divide that by its batch std √3."""
+    r = math.sqrt(1.5)
+    weights = torch.tensor([1.0, 2.0])
+    out = combine_rewards(torch.stack([R0, R1], 1), weights, GROUPS6, "zsum", 0.0)
+    close(out, [r, -2 * r, r, r, r, -2 * r], rtol=1e-6)
+    close(gdpo(torch.stack([R0, R1], 1), weights, GROUPS6, eps=0.0), [x / math.sqrt(3) for x in out.tolist()], rtol=1e-6)
+    with_nan = torch.stack([R0, R1], 1).clone()
+    with_nan[0, 1] = float("nan")
+    assert torch.isnan(combine_rewards(with_nan, weights, GROUPS6, "zsum", 0.0)[0])
+
+
 def test_combine_rewards_single_reward_passthrough_and_bad_mode():
     one = R0.unsqueeze(1)
     assert torch.equal(combine_rewards(one, torch.ones(1), GROUPS6, "gdpo", 1e-4), R0)
