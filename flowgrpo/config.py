@@ -391,6 +391,11 @@ def validate(cfg: Config) -> None:
     import samplers
 
     structured = OmegaConf.structured(cfg)  # built once: each build costs ~0.1 s
+    name = str(cfg.run_name)
+    if not name or name in (".", "..") or any(sep in name for sep in ("/", "\\", "\0")) or name != name.strip():
+        # everything a run writes stays under output_dir/run_name: a name with a separator or ".." would leave it
+        raise ConfigError(f"run_name={name!r} must be a plain folder name (no '/', '\\' or '..', no surrounding "
+                          f"spaces): the run folder is output_dir/run_name; put the path in output_dir= instead")
     for key, allowed in _CHOICES.items():
         value = OmegaConf.select(structured, key)
         if value not in allowed:

@@ -64,6 +64,8 @@ TRAINING = [
     (["model.family=sd4"], r"model config 'family' is 'sd4'; allowed: analytic, flux, flux2, flux2_klein, qwen_image, sd3, wan, z_image"),
     (["model.dtype=float8"], r"model config 'dtype' is 'float8'; allowed: float32"),
     (["model.resolution=65"], r"image size 65x65 does not fit SD3Model: .*change model.resolution"),
+    (["run_name=../../etc/evil"], r"run_name='../../etc/evil' must be a plain folder name .*put the path in output_dir="),
+    (["run_name=.."], r"run_name='..' must be a plain folder name"),
     (["--threads", "-1"], r"threads=-1 must be ≥ 0 \(0 = automatic, N = exactly N CPU threads\)$"),
 ]
 
