@@ -15,9 +15,9 @@ from __future__ import annotations
 import difflib
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
@@ -25,6 +25,52 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from flowgrpo.run.errors import ConfigError
 from flowgrpo.models.config import ModelConfig, validate_model_config
 from flowgrpo.run.paths import configs_dir
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What values a config key takes: ``ok(value)`` and its words for the error (``allowed``). Each config class
+    declares a ``RULES`` table, key by key, beside its fields; ``validate`` derives every single-key check from those
+    tables (tests/engine/test_config_rules.py: every key has one)."""
+
+    ok: Callable[[Any], bool]
+    allowed: str
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def one_of(*values) -> Rule:
+    return Rule(lambda v: v in values, f"one of {list(values)}")
+
+
+def at_least(low: float) -> Rule:
+    return Rule(lambda v: _number(v) and v >= low, f"a number >= {low:g}")
+
+
+def above(low: float) -> Rule:
+    return Rule(lambda v: _number(v) and v > low, f"a number > {low:g}")
+
+
+def between(low: float, high: float) -> Rule:
+    return Rule(lambda v: _number(v) and low <= v <= high, f"a number in [{low:g}, {high:g}]")
+
+
+def optional(rule: Rule) -> Rule:
+    return Rule(lambda v: v is None or rule.ok(v), f"null or {rule.allowed}")
+
+
+FINITE = Rule(_number, "a finite number")
+FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
+TEXT = Rule(lambda v: isinstance(v, str), "a string")  # a name or path checked where it is used (preflight, loaders)
+MAPPING = Rule(lambda v: isinstance(v, dict), "a mapping {key: value}")
+BETAS = Rule(lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v),
+             "two numbers in [0, 1), e.g. [0.9, 0.999]")
+FOLDER_NAME = Rule(lambda v: isinstance(v, str) and v not in ("", ".", "..") and v == v.strip()
+                   and not any(c in v for c in ("/", "\\", "\0")),
+                   "a plain folder name (no '/', '\\' or '..', no surrounding spaces): the run folder is "
+                   "output_dir/run_name; put a path in output_dir= instead")
 
 
 @dataclass
@@ -37,6 +83,9 @@ class SamplingConfig:
     max_batch: int = 256  # cap on rows per velocity call (memory)
     reduce: str = "mean"  # log-prob reduction over latent elements: mean (every public repo) | sum (true density)
     batches_per_iteration: int = 1  # rollout batches per iteration; rewards of batch b run while batch b+1 samples
+    RULES: ClassVar[dict] = {"method": TEXT, "plan": MAPPING, "window": MAPPING, "shift": optional(above(0)),
+                             "guidance_scale": optional(at_least(0)), "max_batch": at_least(1),
+                             "reduce": one_of("mean", "sum"), "batches_per_iteration": at_least(1)}
 
 
 @dataclass
@@ -44,6 +93,7 @@ class RewardSpec:
     name: str = "toy"  # registered reward name or dotted path module:Class
     weight: float = 1.0  # weight in the multi-reward combination; a single reward is scaled by it too (−1 minimises it)
     kwargs: dict = field(default_factory=dict)  # passed to the reward's constructor
+    RULES: ClassVar[dict] = {"name": TEXT, "weight": FINITE, "kwargs": MAPPING}
 
 
 @dataclass
@@ -57,6 +107,9 @@ class AdvantageConfig:
     tree_value: str = "mean"  # BranchGRPO node value: mean of descendant leaves | path_weighted (softmax of β·log p(path))
     tree_beta: float = 1.0  # β of path_weighted node values
     best_of_n: int = 0  # DanceGRPO best-of-N: train only the top n/2 and bottom n/2 samples of each group (0 = all)
+    RULES: ClassVar[dict] = {"std": one_of("group", "global", "none"), "eps": above(0), "clip": above(0),
+                             "multi_reward": one_of("gdpo", "zsum", "sum"), "tree_value": one_of("mean", "path_weighted"),
+                             "tree_beta": above(0), "best_of_n": at_least(0)}
 
 
 @dataclass
@@ -72,6 +125,12 @@ class LossConfig:
     normalize: str = "group"  # loss normalisation: group (per group or tree, by its trained transitions) | transition (plain mean)
     likelihood_backend: str = "reference"  # per-transition likelihood terms (flowgrpo/likelihood/): reference (PyTorch, the
     #   specification) | fused (the csrc/ op; fails with instructions if it cannot be built) | auto (fused when it can)
+    RULES: ClassVar[dict] = {"clip_range": above(0), "ratio": one_of("plain", "guard"),
+                             "step_weight": one_of("none", "inv_delta", "sage"), "kl_coef": at_least(0),
+                             "kl_form": one_of("exact", "flow_grpo"), "anchor_kl_coef": at_least(0),
+                             "anchor_refresh": at_least(1), "rollout_kl_coef": at_least(0),
+                             "normalize": one_of("group", "transition"),
+                             "likelihood_backend": one_of("reference", "fused", "auto")}
 
 
 @dataclass
@@ -82,6 +141,7 @@ class SoftCopyConfig:
     rate: float = 0.001  # λ grows by this per optimizer step
     max: float = 0.5  # λ's ceiling
     delay: int = 0  # optimizer steps with λ = 0 (the copy follows θ exactly)
+    RULES: ClassVar[dict] = {"rate": at_least(0), "max": between(0, 1), "delay": at_least(0)}
 
 
 @dataclass
@@ -89,6 +149,7 @@ class NFTConfig:
     beta: float = 1.0  # β of the implicit policies v± (1.0 in the reference code; 0.1 for OCR)
     # the sampling policy θ_old, updated after each iteration (reference code's default: λ = min(0.001·n, 0.5))
     old: SoftCopyConfig = field(default_factory=SoftCopyConfig)
+    RULES: ClassVar[dict] = {"beta": above(0)}  # the loss divides by β
 
 
 @dataclass
@@ -99,6 +160,8 @@ class AWMConfig:
     ema_kl_coef: float = 0.0  # v-space KL to the EMA of the weights (the reference: 1.0, with kl_coef > 0)
     sample_with_ema: bool = False  # off-policy: roll out with the EMA weights, ℓ_old from them too
     ema: SoftCopyConfig = field(default_factory=lambda: SoftCopyConfig(rate=0.001, max=0.3))
+    RULES: ClassVar[dict] = {"weighting": one_of("uniform", "t", "t2", "huber", "ghuber"), "ghuber_power": above(0),
+                             "clip_range": above(0), "ema_kl_coef": at_least(0), "sample_with_ema": FLAG}
 
 
 @dataclass
@@ -110,6 +173,7 @@ class DGPOConfig:
     # roll out with ema_ref's weights once this many optimizer steps are taken (the reference code switches its
     # sampler to the EMA after 500 steps, 200 for OCR); 0 = always the current weights
     sample_with_ema_after: int = 0
+    RULES: ClassVar[dict] = {"beta": above(0), "clip_range": above(0), "sample_with_ema_after": at_least(0)}
 
 
 @dataclass
@@ -133,6 +197,11 @@ class LearnerConfig:
     nft: NFTConfig = field(default_factory=NFTConfig)
     awm: AWMConfig = field(default_factory=AWMConfig)
     dgpo: DGPOConfig = field(default_factory=DGPOConfig)
+    RULES: ClassVar[dict] = {"name": TEXT, "train_times": at_least(1),
+                             "time_sampler": one_of("plan", "stratified", "uniform", "logit_normal"),
+                             "time_min": between(0, 1), "time_max": between(0, 1), "logit_mean": FINITE,
+                             "logit_std": above(0), "share_draws": one_of("sample", "group"),
+                             "train_guidance": one_of("conditional", "cfg"), "adv_max": above(0), "kl_coef": at_least(0)}
 
 
 @dataclass
@@ -163,6 +232,14 @@ class TrainConfig:
     # stop the run, naming the reward and its last error, after this many consecutive iterations in which no
     # sample got a finite reward (a reward that fails on every call); such iterations are never checkpointed (0 = never stop)
     max_iterations_without_reward: int = 3
+    RULES: ClassVar[dict] = {
+        "iterations": at_least(1), "prompts_per_iteration": at_least(1), "inner_epochs": at_least(1),
+        "updates_per_epoch": at_least(1), "micro_batch": at_least(1), "learning_rate": above(0),
+        "lr_schedule": one_of("constant", "cosine", "linear"), "lr_final": between(0, 1), "weight_decay": at_least(0),
+        "adam_betas": BETAS, "grad_clip": at_least(0), "ema_decay": Rule(lambda v: _number(v) and 0 <= v < 1,
+                                                                          "a number in [0, 1) (0 = off)"),
+        "mixed_precision": one_of("no", "bf16", "fp16"), "seed": at_least(0), "balance_by": TEXT, "cpu": FLAG,
+        "max_iterations_without_reward": at_least(0)}
 
 
 @dataclass
@@ -174,6 +251,8 @@ class EvalConfig:
     reward: str = "toy"  # the held-out ("gold") reward
     batch_size: int = 64
     at_start: bool = True  # evaluate the starting model too
+    RULES: ClassVar[dict] = {"every": at_least(0), "prompts": TEXT, "limit": at_least(0), "steps": optional(at_least(1)),
+                             "reward": TEXT, "batch_size": at_least(1), "at_start": FLAG}
 
 
 @dataclass
@@ -191,6 +270,10 @@ class LogConfig:
     # measure the gradient noise scale every N iterations from the update's per-micro-batch gradients (0 = never);
     # logs grad_noise/* and prints one line when the batch is below it (flowgrpo/engine/noise_scale.py)
     grad_noise_every: int = 10
+    RULES: ClassVar[dict] = {"save_every": at_least(0), "keep_checkpoints": at_least(1), "samples_every": at_least(0),
+                             "eval_samples": at_least(0), "samples_per_prompt": at_least(1), "video_fps": at_least(1),
+                             "tensorboard": FLAG, "progress": FLAG, "gallery": FLAG, "wandb": FLAG,
+                             "grad_noise_every": at_least(0)}
 
 
 @dataclass
@@ -214,6 +297,11 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    # model: checked by flowgrpo/models/config.py validate_model_config; rewards: each a RewardSpec, by its RULES
+    RULES: ClassVar[dict] = {"run_name": FOLDER_NAME, "output_dir": TEXT, "resume": FLAG, "allow_config_change": FLAG,
+                             "threads": Rule(lambda v: _number(v) and v >= 0,
+                                             "a number >= 0 (0 = automatic, N = exactly N CPU threads)"),
+                             "prompts": TEXT}
 
     @property
     def run_dir(self) -> Path:
@@ -227,22 +315,6 @@ RENAMED_METHODS = {"dance_grpo": "dancegrpo", "sage_grpo": "sage", "branch_grpo"
 # the learners of flowgrpo/engine/learners/ (its LEARNERS registry; tests/engine/test_learners.py keeps the two equal)
 LEARNER_NAMES = ("transition", "diffusion_nft", "awm", "dgpo")
 
-_CHOICES = {
-    "sampling.reduce": ("mean", "sum"),
-    "advantage.std": ("group", "global", "none"),
-    "advantage.multi_reward": ("gdpo", "zsum", "sum"),
-    "advantage.tree_value": ("mean", "path_weighted"),
-    "loss.ratio": ("plain", "guard"),
-    "loss.step_weight": ("none", "inv_delta", "sage"),
-    "loss.kl_form": ("exact", "flow_grpo"),
-    "loss.normalize": ("group", "transition"),
-    "loss.likelihood_backend": ("reference", "fused", "auto"),
-    "train.mixed_precision": ("no", "bf16", "fp16"),
-    "learner.time_sampler": ("plan", "stratified", "uniform", "logit_normal"),
-    "learner.share_draws": ("sample", "group"),
-    "learner.train_guidance": ("conditional", "cfg"),
-    "learner.awm.weighting": ("uniform", "t", "t2", "huber", "ghuber"),
-}
 
 
 def _resolve_yaml(spec: str, folder: str) -> Path:
@@ -373,7 +445,6 @@ def _merge(schema: Config, layers: list) -> DictConfig:
     return merged
 
 
-LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
 def learning_rate_at(t: "TrainConfig", iteration: int) -> float:
@@ -386,20 +457,28 @@ def learning_rate_at(t: "TrainConfig", iteration: int) -> float:
     return t.learning_rate * (t.lr_final + (1.0 - t.lr_final) * shape)
 
 
+def check_rules(section: Any, prefix: str = "") -> None:
+    """Every key against its class's ``RULES`` (recursively; ``rewards`` item by item; the model config has its own
+    validator): a value outside is a ConfigError naming the key, the value and what is allowed."""
+    rules = getattr(type(section), "RULES", {})
+    for f in fields(section):
+        value, key = getattr(section, f.name), f"{prefix}{f.name}"
+        if f.name == "model":
+            continue
+        if is_dataclass(value):
+            check_rules(value, f"{key}.")
+        elif f.name == "rewards" and isinstance(value, list):
+            for i, spec in enumerate(value):
+                check_rules(spec, f"{key}[{i}].")
+        elif f.name in rules and not rules[f.name].ok(value):
+            raise ConfigError(f"{key}={value!r} is not allowed; use {rules[f.name].allowed}")
+
+
 def validate(cfg: Config) -> None:
     """Check choices and batch arithmetic; errors print the numbers involved."""
     import samplers
 
-    structured = OmegaConf.structured(cfg)  # built once: each build costs ~0.1 s
-    name = str(cfg.run_name)
-    if not name or name in (".", "..") or any(sep in name for sep in ("/", "\\", "\0")) or name != name.strip():
-        # everything a run writes stays under output_dir/run_name: a name with a separator or ".." would leave it
-        raise ConfigError(f"run_name={name!r} must be a plain folder name (no '/', '\\' or '..', no surrounding "
-                          f"spaces): the run folder is output_dir/run_name; put the path in output_dir= instead")
-    for key, allowed in _CHOICES.items():
-        value = OmegaConf.select(structured, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not allowed; use one of {list(allowed)}")
+    check_rules(cfg)
     if cfg.learner.name not in LEARNER_NAMES:
         raise ConfigError(f"learner.name={cfg.learner.name!r} is unknown; use one of {sorted(LEARNER_NAMES)}")
     if cfg.sampling.method not in samplers.METHOD_PRESETS:
@@ -424,11 +503,6 @@ def validate(cfg: Config) -> None:
             "(a group of 1 has zero advantage); set sampling.plan.group_size=2 or more"
         )
     t = cfg.train
-    if t.prompts_per_iteration < 1 or t.iterations < 1 or t.inner_epochs < 1 or t.updates_per_epoch < 1 or t.micro_batch < 1:
-        raise ConfigError(
-            f"train.iterations={t.iterations}, prompts_per_iteration={t.prompts_per_iteration}, "
-            f"inner_epochs={t.inner_epochs}, updates_per_epoch={t.updates_per_epoch}, micro_batch={t.micro_batch}: all must be ≥ 1"
-        )
     if t.prompts_per_iteration % cfg.sampling.batches_per_iteration:
         raise ConfigError(
             f"train.prompts_per_iteration={t.prompts_per_iteration} is not divisible by "
@@ -439,21 +513,10 @@ def validate(cfg: Config) -> None:
             f"train.updates_per_epoch={t.updates_per_epoch} > train.prompts_per_iteration={t.prompts_per_iteration}: "
             "each update needs at least one whole group; lower updates_per_epoch"
         )
-    if t.lr_schedule not in LR_SCHEDULES or not 0 <= t.lr_final <= 1:
-        raise ConfigError(f"train.lr_schedule={t.lr_schedule!r} must be one of {', '.join(LR_SCHEDULES)} and "
-                          f"train.lr_final={t.lr_final} within [0, 1] (a fraction of train.learning_rate)")
-    if t.max_iterations_without_reward < 0:
-        raise ConfigError(f"train.max_iterations_without_reward={t.max_iterations_without_reward} must be ≥ 0 (0 = never stop)")
-    if cfg.log.video_fps < 1:
-        raise ConfigError(f"log.video_fps={cfg.log.video_fps} must be ≥ 1")
-    if cfg.loss.clip_range <= 0:
-        raise ConfigError(f"loss.clip_range={cfg.loss.clip_range} must be > 0")
     lc = cfg.learner
-    if lc.train_times < 1 or not 0 <= lc.time_min < lc.time_max <= 1 or lc.adv_max <= 0:
-        raise ConfigError(f"learner.train_times={lc.train_times} must be ≥ 1, 0 ≤ learner.time_min={lc.time_min} < "
-                          f"learner.time_max={lc.time_max} ≤ 1, and learner.adv_max={lc.adv_max} > 0")
-    if lc.name == "diffusion_nft" and not lc.nft.beta > 0:
-        raise ConfigError(f"learner.nft.beta={lc.nft.beta} must be > 0 (the loss divides by it)")
+    if not lc.time_min < lc.time_max:
+        raise ConfigError(f"learner.time_min={lc.time_min} < learner.time_max={lc.time_max} is needed: training times are "
+                          "drawn between them")
     if lc.name == "dgpo" and lc.share_draws != "group":
         raise ConfigError("learner.name=dgpo compares the members of a group on the same (t, ε): set learner.share_draws=group")
 

@@ -98,7 +98,7 @@ def choose_threads(requested: int = 0) -> ThreadChoice:
     if requested < 0:
         from flowgrpo.run.errors import UserError
 
-        raise UserError(f"threads={requested} must be ≥ 0 (0 = automatic, N = exactly N CPU threads)")
+        raise UserError(f"threads={requested} is not allowed; use a number >= 0 (0 = automatic, N = exactly N CPU threads)")
     if requested:
         return ThreadChoice(requested, "as asked")
     omp = os.environ.get("OMP_NUM_THREADS", "").strip()

@@ -64,9 +64,9 @@ TRAINING = [
     (["model.family=sd4"], r"model config 'family' is 'sd4'; allowed: analytic, flux, flux2, flux2_klein, qwen_image, sd3, wan, z_image"),
     (["model.dtype=float8"], r"model config 'dtype' is 'float8'; allowed: float32"),
     (["model.resolution=65"], r"image size 65x65 does not fit SD3Model: .*change model.resolution"),
-    (["run_name=../../etc/evil"], r"run_name='../../etc/evil' must be a plain folder name .*put the path in output_dir="),
-    (["run_name=.."], r"run_name='..' must be a plain folder name"),
-    (["--threads", "-1"], r"threads=-1 must be ≥ 0 \(0 = automatic, N = exactly N CPU threads\)$"),
+    (["run_name=../../etc/evil"], r"run_name='../../etc/evil' is not allowed; use a plain folder name .*put a path in output_dir="),
+    (["train.adam_betas=[1.5,0.9]"], r"train.adam_betas=\(1.5, 0.9\) is not allowed; use two numbers in \[0, 1\)"),
+    (["--threads", "-1"], r"threads=-1 is not allowed; use a number >= 0 \(0 = automatic, N = exactly N CPU threads\)$"),
 ]
 
 
@@ -171,7 +171,7 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "cannot import reward", "is not a reward", "is neither a YAML file nor one of",
                      "is not key=value", "unknown config key", "is not allowed", "with a space after each colon",
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
-                     "--samples-per-prompt must be", "build it with", "threads=-1 must be",
+                     "--samples-per-prompt must be", "build it with", "threads=-1 is not allowed",
                      "already holds a run with another configuration", "no valid reward in",
                      "holds a pretraining of other model sizes"):
         assert fragment in doc, fragment

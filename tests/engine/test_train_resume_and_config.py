@@ -99,10 +99,10 @@ def test_the_trainer_follows_the_schedule(tiny_sd3_dir, tmp_path):
         (["learner.name=transition", "sampling.method=ode"], "leaves the transition learner nothing to train"),
         (["rewards=[{name:toy}]"], "write each reward as {name: NAME, weight: W}"),
         (["learner.name=dgpo", "learner.share_draws=sample"], "set learner.share_draws=group"),
-        (["learner.time_min=0.9", "learner.time_max=0.5"], "learner.time_min=0.9 < learner.time_max=0.5"),
+        (["learner.time_min=0.9", "learner.time_max=0.5"], "learner.time_min=0.9 < learner.time_max=0.5 is needed"),
         (["learner.time_sampler=beta"], "learner.time_sampler='beta' is not allowed"),
-        (["train.lr_schedule=step"], "train.lr_schedule='step' must be one of constant, cosine, linear"),
-        (["train.lr_schedule=cosine", "train.lr_final=2"], "train.lr_final=2.0 within"),
+        (["train.lr_schedule=step"], "train.lr_schedule='step' is not allowed; use one of"),
+        (["train.lr_schedule=cosine", "train.lr_final=2"], "train.lr_final=2.0 is not allowed; use a number in"),
     ],
 )
 def test_bad_configs_name_the_fix(args, message):

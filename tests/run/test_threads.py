@@ -66,7 +66,7 @@ def test_choice_order_and_the_measurement(monkeypatch):
     assert 0.0 <= busy_cores(0.05) <= available_cpus() + 0.05
     from flowgrpo.run.errors import UserError
 
-    with pytest.raises(UserError, match="threads=-1 must be ≥ 0"):
+    with pytest.raises(UserError, match="threads=-1 is not allowed; use a number >= 0"):
         choose_threads(-1)
 
 
