@@ -40,7 +40,13 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
                 f"prompts {spec!r} is neither a built-in set ({', '.join(BUILTIN_PROMPT_SETS)}) nor an existing "
                 '.txt (one prompt a line) or .jsonl ({"prompt": ..., "metadata": {...}} a line) file'
             )
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        try:
+            lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except UnicodeDecodeError as exc:
+            raise PromptFileError(f"prompts {spec!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
+                                  "UTF-8 (one prompt a line, or JSON lines)") from None
+        except OSError as exc:
+            raise PromptFileError(f"prompts {spec!r} cannot be read ({exc.strerror}); check its permissions") from None
         if path.suffix == ".jsonl":
             rows = []
             for number, line in enumerate(lines, 1):

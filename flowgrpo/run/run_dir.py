@@ -202,7 +202,13 @@ class RunWriter:
         self._repeats: dict[str, int] = {}  # warning text -> times repeated after its first (console) line
         if not enabled:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            from flowgrpo.run.errors import UserError
+
+            raise UserError(f"the run folder {self.dir} cannot be created ({exc.strerror}); set output_dir= to a "
+                            "folder you can write") from None
         if wandb:
             try:
                 import wandb as wandb_lib

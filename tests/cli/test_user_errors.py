@@ -26,6 +26,7 @@ def files(tmp_path):
     (tmp_path / "empty.txt").write_text("\n  \n")
     (tmp_path / "mixed.jsonl").write_text('{"prompt": "a", "metadata": {"task": "x"}}\n{"prompt": "b"}\n')
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a photo of a circle"}\n{oops\n')
+    (tmp_path / "latin1.txt").write_bytes("a caf\u00e9 on the left\n".encode("latin-1"))
     (tmp_path / "not_a_checkpoint").mkdir()
     (tmp_path / "not_a_checkpoint" / "notes.txt").write_text("hello")
     return tmp_path
@@ -44,6 +45,7 @@ TRAINING = [
     (["prompts={tmp}/empty.txt"], r"train_t2i.py: error: no prompts in '.*empty.txt'; .*one prompt a line"),
     (["prompts={tmp}/missing.txt"], r"prompts '.*missing.txt' is neither a built-in set \(toy-train, .*\) nor an existing"),
     (["prompts={tmp}/bad.jsonl"], r"bad.jsonl:2 is not valid JSON"),
+    (["prompts={tmp}/latin1.txt"], r"prompts '.*latin1.txt' is not UTF-8 text \(byte 5: invalid continuation byte\); save it as UTF-8"),
     (["eval.prompts={tmp}/empty.txt"], r"eval.prompts: no prompts in"),
     (["train.balance_by=task", "prompts={tmp}/mixed.jsonl"], r"train.balance_by='task' but prompt 1 of '.*mixed.jsonl' has no metadata 'task' while others do"),
     (["rewards=[{{name: toy_dence}}]"], r"unknown reward 'toy_dence' in rewards\[0\].name; did you mean 'toy_dense'\?"),
@@ -159,6 +161,14 @@ def test_under_accelerate_launch_our_line_comes_first(files):
     assert quiet.returncode == 1 and _one_line(quiet.stderr).startswith("train_t2i.py: error: no prompts in")
 
 
+def test_an_output_folder_that_cannot_be_created_is_one_line(files, capsys):
+    """output_dir under a file (or anywhere not writable): one line naming the folder and the key to change."""
+    argv = [f"output_dir={files}/empty.txt/runs", "log.progress=false", "train.iterations=1"]
+    assert _train_t2i()(argv) == 2
+    assert re.search(r"the run folder .*empty.txt/runs/tiny-sd3-toy cannot be created \(Not a directory\); set "
+                     r"output_dir= to a folder you can write", _one_line(capsys.readouterr().err))
+
+
 def test_errors_doc_lists_every_class_with_its_message():
     """docs/errors.md's table has a row per class tested here, with the message's words."""
     doc = (ROOT / "docs" / "errors.md").read_text()
@@ -171,7 +181,7 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "cannot import reward", "is not a reward", "is neither a YAML file nor one of",
                      "is not key=value", "unknown config key", "is not allowed", "with a space after each colon",
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
-                     "--samples-per-prompt must be", "build it with", "threads=-1 is not allowed",
+                     "--samples-per-prompt must be", "build it with", "threads=-1 is not allowed", "is not UTF-8 text", "cannot be created",
                      "already holds a run with another configuration", "no valid reward in",
                      "holds a pretraining of other model sizes"):
         assert fragment in doc, fragment
