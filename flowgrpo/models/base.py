@@ -633,6 +633,15 @@ class FlowModel:
         images = self.vae.decode(latents, return_dict=False)[0]
         return self.pipeline.image_processor.postprocess(images, output_type="pt").float()
 
+    def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """A per-channel normalised VAE's latent mean and std (``latents_mean`` / ``latents_std`` of its config: Wan's
+        and Qwen-Image's), shaped [1, C, 1, 1, 1] for their 5-D latents."""
+        cfg = self.vae.config
+        shape = (1, cfg.z_dim, 1, 1, 1)
+        mean = torch.tensor(cfg.latents_mean, device=self.device, dtype=dtype).view(shape)
+        std = torch.tensor(cfg.latents_std, device=self.device, dtype=dtype).view(shape)
+        return mean, std
+
     def preview(self, media: torch.Tensor, groups: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """What the run directory (and so the gallery) shows of N decoded samples: pixel families
         show their images [N, 3, H, W] or videos [N, F, 3, H, W] as they are; a family whose samples

@@ -141,14 +141,6 @@ class QwenImageModel(FlowModel):
         return (h // 2) * (w // 2)  # packed tokens, as the pipeline passes latents.shape[1] to calculate_shift
 
     # ---------------------------------------------------------------- VAE
-    def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The VAE's per-channel latent mean and std, shaped [1, C, 1, 1, 1]."""
-        cfg = self.vae.config
-        shape = (1, cfg.z_dim, 1, 1, 1)
-        mean = torch.tensor(cfg.latents_mean, device=self.device, dtype=dtype).view(shape)
-        std = torch.tensor(cfg.latents_std, device=self.device, dtype=dtype).view(shape)
-        return mean, std
-
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents [N, C, h, w] -> images float32 [N, 3, H, W] in [0, 1], as QwenImagePipeline decodes."""
         latents = latents.to(self.device, self.vae.dtype).unsqueeze(2)  # one frame: [N, C, 1, h, w]

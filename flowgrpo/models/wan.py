@@ -92,14 +92,6 @@ class WanModel(FlowModel):
         pt, ph, pw = self.transformer.config.patch_size
         return (f // pt) * (h // ph) * (w // pw)
 
-    def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The VAE's per-channel latent mean and std, shaped [1, C, 1, 1, 1]."""
-        cfg = self.vae.config
-        shape = (1, cfg.z_dim, 1, 1, 1)
-        mean = torch.tensor(cfg.latents_mean, device=self.device, dtype=dtype).view(shape)
-        std = torch.tensor(cfg.latents_std, device=self.device, dtype=dtype).view(shape)
-        return mean, std
-
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents [N, C, f, h, w] -> videos float32 [N, F, 3, H, W] in [0, 1] (as WanPipeline decodes)."""
         latents = latents.to(self.device, self.vae.dtype)
