@@ -35,7 +35,7 @@ def test_every_key_declares_its_rule():
 
 @pytest.mark.parametrize("override, message", [
     ("train.adam_betas=[1.5,0.9]", r"train.adam_betas=\(1.5, 0.9\) is not allowed; use two numbers in \[0, 1\)"),
-    ("train.learning_rate=-1", r"train.learning_rate=-1.0 is not allowed; use a number > 0"),
+    ("train.learning_rate=-1", r"train.learning_rate=-1.0 is not allowed; use a number >= 0"),
     ("rewards=[{name: toy, weight: .nan}]", r"rewards\[0\].weight=nan is not allowed; use a finite number"),
     ("run_name=../../etc/evil", r"run_name='../../etc/evil' is not allowed; use a plain folder name"),
     ("loss.ratio=magic", r"loss.ratio='magic' is not allowed; use one of \['plain', 'guard'\]"),
