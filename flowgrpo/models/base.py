@@ -287,6 +287,22 @@ class CallTimer:
         return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
+def _unloadable(pretrained: str, source: str, err: OSError) -> Exception:
+    """One line for a model that diffusers could not load (its OSError runs to several lines)."""
+    from flowgrpo.run.errors import UserError
+
+    first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    if os.path.isdir(source):
+        return UserError(f"model.pretrained={pretrained!r} is a folder diffusers cannot load as a pipeline ({first}); "
+                         "it needs model_index.json and a folder per component, as save_pretrained writes them")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    how = ("it is not in the local hub cache and HF_HUB_OFFLINE is set: download it first with "
+           f"`huggingface-cli download {pretrained}` (or unset HF_HUB_OFFLINE)" if offline else
+           f"check the hub id (and your access to it: `huggingface-cli login`), or download it with "
+           f"`huggingface-cli download {pretrained}`")
+    return UserError(f"model.pretrained={pretrained!r} could not be loaded ({first}); {how}")
+
+
 class FlowModel:
     """A flow-matching text-to-image (or text-to-video) model as functions of tensors (see the module docstring).
 
@@ -340,12 +356,16 @@ class FlowModel:
                                             dtype=self.dtype, max_sequence_length=cfg.max_sequence_length,
                                             depth=cfg.depth)
         else:
-            self.pipeline = self.pipeline_class.from_pretrained(
-                resolve_pretrained(cfg.pretrained),
-                revision=cfg.revision,
-                # the VAE stays float32: decoding in bf16 costs image quality, and the VAE is small
-                dtype={"vae": torch.float32, "default": self.dtype},
-            )
+            source = resolve_pretrained(cfg.pretrained)
+            try:
+                self.pipeline = self.pipeline_class.from_pretrained(
+                    source,
+                    revision=cfg.revision,
+                    # the VAE stays float32: decoding in bf16 costs image quality, and the VAE is small
+                    dtype={"vae": torch.float32, "default": self.dtype},
+                )
+            except OSError as err:  # a hub id not in the cache while offline, one that does not exist, a broken folder
+                raise _unloadable(cfg.pretrained, source, err) from None
         self.pipeline.set_progress_bar_config(disable=True)
         self.pipeline.to(self.device)
         for component in self.pipeline.components.values():

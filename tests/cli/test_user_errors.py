@@ -45,6 +45,7 @@ TRAINING = [
     (["prompts={tmp}/empty.txt"], r"train_t2i.py: error: no prompts in '.*empty.txt'; .*one prompt a line"),
     (["prompts={tmp}/missing.txt"], r"prompts '.*missing.txt' is neither a built-in set \(toy-train, .*\) nor an existing"),
     (["prompts={tmp}/bad.jsonl"], r"bad.jsonl:2 is not valid JSON"),
+    (["model.pretrained={tmp}/not_a_checkpoint"], r"model.pretrained='.*not_a_checkpoint' is a folder diffusers cannot load as a pipeline \(Error no file named model_index.json.*as save_pretrained writes them"),
     (["prompts={tmp}/latin1.txt"], r"prompts '.*latin1.txt' is not UTF-8 text \(byte 5: invalid continuation byte\); save it as UTF-8"),
     (["eval.prompts={tmp}/empty.txt"], r"eval.prompts: no prompts in"),
     (["train.balance_by=task", "prompts={tmp}/mixed.jsonl"], r"train.balance_by='task' but prompt 1 of '.*mixed.jsonl' has no metadata 'task' while others do"),
@@ -169,6 +170,18 @@ def test_an_output_folder_that_cannot_be_created_is_one_line(files, capsys):
                      r"output_dir= to a folder you can write", _one_line(capsys.readouterr().err))
 
 
+def test_a_hub_id_not_in_the_cache_while_offline_names_the_download(files, capsys, monkeypatch):
+    """diffusers' several-line OSError becomes one line naming the command that downloads the model (its own warning
+    that the hub is unreachable comes before it)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = ["model.pretrained=nonexistent-org/no-such-model", f"output_dir={files}/runs", "log.progress=false"]
+    assert _train_t2i()(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.search(r"^train_t2i.py: error: model.pretrained='nonexistent-org/no-such-model' could not be loaded "
+                     r"\(.*\); it is not in the local hub cache and HF_HUB_OFFLINE is set: download it first with "
+                     r"`huggingface-cli download nonexistent-org/no-such-model`", last), last
+
+
 def test_errors_doc_lists_every_class_with_its_message():
     """docs/errors.md's table has a row per class tested here, with the message's words."""
     doc = (ROOT / "docs" / "errors.md").read_text()
@@ -181,7 +194,7 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "cannot import reward", "is not a reward", "is neither a YAML file nor one of",
                      "is not key=value", "unknown config key", "is not allowed", "with a space after each colon",
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
-                     "--samples-per-prompt must be", "build it with", "threads=-1 is not allowed", "is not UTF-8 text", "cannot be created",
+                     "--samples-per-prompt must be", "build it with", "threads=-1 is not allowed", "is not UTF-8 text", "cannot be created", "could not be loaded", "cannot load as a pipeline",
                      "already holds a run with another configuration", "no valid reward in",
                      "holds a pretraining of other model sizes"):
         assert fragment in doc, fragment
