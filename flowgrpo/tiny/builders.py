@@ -21,6 +21,18 @@ import torch
 # the tokenizers (built locally from a word list) live beside the models, which random-weight builds use too
 from flowgrpo.models.tokenizers import build_clip_tokenizer, build_t5_tokenizer  # noqa: F401
 
+# FLUX.1-dev's scheduler_config.json: a time shift that depends on the number of image tokens (FLUX.2 ships the same,
+# as diffusers' scripts/convert_flux2_to_diffusers.py loads it)
+FLUX_DEV_SCHEDULER = dict(
+    num_train_timesteps=1000,
+    shift=3.0,
+    use_dynamic_shifting=True,
+    base_shift=0.5,
+    max_shift=1.15,
+    base_image_seq_len=256,
+    max_image_seq_len=4096,
+)
+
 
 @dataclass(frozen=True)
 class TinySD3Sizes:

@@ -21,17 +21,10 @@ import torch
 
 from flowgrpo.models.tokenizers import build_mistral_processor, build_qwen_tokenizer  # noqa: F401  (re-exported)
 
-# FLUX.2's scheduler_config.json (FLUX.1-dev's, as scripts/convert_flux2_to_diffusers.py loads it)
-FLUX2_SCHEDULER = dict(
-    num_train_timesteps=1000,
-    shift=3.0,
-    use_dynamic_shifting=True,
-    base_shift=0.5,
-    max_shift=1.15,
-    base_image_seq_len=256,
-    max_image_seq_len=4096,
-    time_shift_type="exponential",
-)
+from flowgrpo.tiny.builders import FLUX_DEV_SCHEDULER
+
+# FLUX.2's scheduler_config.json: FLUX.1-dev's, with its (default) exponential time shift written out
+FLUX2_SCHEDULER = dict(FLUX_DEV_SCHEDULER, time_shift_type="exponential")
 TEXT_WIDTH = 32  # each text encoder's hidden size; the transformer's joint_attention_dim is 3 x this
 KLEIN_TEXT_LAYERS = 28  # hidden_states[27] is read: 28 layers keep it an intermediate layer, as in Qwen3 (36)
 DEV_TEXT_LAYERS = 31  # hidden_states[30] is read (Mistral-Small-3 has 40)

@@ -11,20 +11,11 @@ import pytest
 import torch
 
 from flowgrpo.tiny import build_clip_tokenizer, build_tiny_flux_pipeline
+from flowgrpo.tiny.builders import FLUX_DEV_SCHEDULER
 from model_helpers import latents, load_family, perturb_lora  # noqa: E402
 from tolerance import assert_close_ulps  # noqa: E402
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle left of a yellow star"]
-# FLUX.1-dev's scheduler_config.json: the shift depends on the number of image tokens
-FLUX_DEV_SCHEDULER = dict(
-    num_train_timesteps=1000,
-    shift=3.0,
-    use_dynamic_shifting=True,
-    base_shift=0.5,
-    max_shift=1.15,
-    base_image_seq_len=256,
-    max_image_seq_len=4096,
-)
 
 
 def _save_flux(folder, guidance_embeds: bool):

@@ -27,20 +27,20 @@ STEPS = 4
 SCALES = {"guidance_scale": 4.0, "guidance_scale_2": 3.0}  # Wan2.2 A14B's: 4 on high noise, 3 on low
 
 
-@pytest.fixture(scope="module")
-def wan22_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_wan22")
-    build_tiny_wan_pipeline(build_t5_tokenizer(PROMPTS, max_length=16), SIZES, seed=0,
-                            boundary_ratio=BOUNDARY).save_pretrained(folder)
+def _saved(tmp_path_factory, name: str, **layout) -> str:
+    folder = tmp_path_factory.mktemp(name)
+    build_tiny_wan_pipeline(build_t5_tokenizer(PROMPTS, max_length=16), SIZES, seed=0, **layout).save_pretrained(folder)
     return str(folder)
 
 
 @pytest.fixture(scope="module")
-def ti2v_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_wan22_ti2v")
-    build_tiny_wan_pipeline(build_t5_tokenizer(PROMPTS, max_length=16), SIZES, seed=0,
-                            expand_timesteps=True).save_pretrained(folder)
-    return str(folder)
+def wan22_folder(tmp_path_factory):  # A14B's layout: two experts switched at the boundary
+    return _saved(tmp_path_factory, "tiny_wan22", boundary_ratio=BOUNDARY)
+
+
+@pytest.fixture(scope="module")
+def ti2v_folder(tmp_path_factory):  # TI2V-5B's layout: one network, a timestep per token
+    return _saved(tmp_path_factory, "tiny_wan22_ti2v", expand_timesteps=True)
 
 
 def load(folder, **overrides):
