@@ -267,14 +267,18 @@ _DGPO_LEAVES = [  # (prompt, local group, x0, advantage)
 ]
 
 
-def test_dgpo_compares_each_group_on_each_draw(tmp_path):
+@pytest.mark.parametrize("micro_batch", [1, 3, 64])
+def test_dgpo_compares_each_group_on_each_draw(tmp_path, micro_batch):
     """DGPO's group preference L_g = softplus((β/G)·Σ_{i∈g} A_i·δ_i) is taken per (group, draw): the members of a
     group that share a draw (t, ε), G of them, and trained as (G/β)·L_g (docs/math.md §5); here β = 2, groups of 2, 3
     and 2 members, two draws, and ema_ref's velocity such that some members are clipped (their e_θ detached: the
     gradient, not the loss, shows it). Members of a group are drawn with one key, groups with different keys.
     Catches: grouping by sample (each row its own comparison), by batch or by draw only (all groups in one), by group
-    across draws; β's placement; the clip taken against θ or the reference instead of ema_ref."""
-    trainer = hand_trainer(tmp_path, "dgpo", "learner.train_times=2", "learner.dgpo.beta=2.0")
+    across draws; β's placement; the clip taken against θ or the reference instead of ema_ref. Any micro-batch size
+    gives the same loss and gradient: a micro-batch never splits a (group, draw) (``DGPOLearner.unit``); split by
+    rows (``unit = "row"``, micro-batches of one row) the comparisons fall apart and the loss changes."""
+    trainer = hand_trainer(tmp_path, "dgpo", "learner.train_times=2", "learner.dgpo.beta=2.0",
+                           f"train.micro_batch={micro_batch}")
     learner, policy = trainer.learner, trainer.policy
     b, c = [0.5, -0.25], [0.75, 0.5]
     set_velocity(trainer, policy.params, b)
@@ -288,22 +292,28 @@ def test_dgpo_compares_each_group_on_each_draw(tmp_path):
     assert 0 < metrics["dgpo/clip_frac"] < 1  # the clip acts on some members: the gradient test above sees it
     keys = learner.keys_seen
     assert [len({keys[i] for i in g}) for g in groups] == [1, 1, 1] and len({keys[g[0]] for g in groups}) == 3
+    if micro_batch == 1:
+        learner.unit = "row"
+        split = learner.update(hand_rollouts(trainer, leaves))["loss"]
+        assert abs(split - loss) > 1e-3 * abs(loss)
 
 
 # ------------------------------------------------------------------------------------------------
 # 5. the normaliser of an optimizer step
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("micro_batch", [1, 2, 3])
 @pytest.mark.parametrize("updates", [1, 2])
-def test_a_step_loss_is_the_mean_over_its_rows(tmp_path, updates):
+def test_a_step_loss_is_the_mean_over_its_rows(tmp_path, updates, micro_batch):
     """An optimizer step's loss is its rows' sum ÷ its rows, samples × K draws, over whole groups of unequal size,
     whatever the micro-batches (docs/math.md §5, ``ForwardLearner.normalisation``). AWM at ρ = 1 (kl terms off) makes
     each row's loss −A/A_max by hand. Groups of 1 and 3 trained samples (a fourth leaf has a NaN advantage: not a
-    row), K = 2, micro-batches of one group each; with 2 updates per epoch each step takes one group and is
-    normalised by its own rows (the logged loss is the steps' sum). The advantage 7 is clipped to A_max = 5.
+    row), K = 2, micro-batches of 1, 2 or 3 rows (a group, and a sample's draws, split where the limit falls); with 2
+    updates per epoch each step takes one group and is normalised by its own rows (the logged loss is the steps' sum). The advantage 7 is clipped to A_max = 5.
     Catches: dividing by samples instead of rows (K dropped), by groups, by draws, per group (mean of group means),
     per micro-batch, by the iteration's rows instead of the step's, or counting the masked leaf."""
     trainer = hand_trainer(tmp_path, "awm", "learner.train_times=2", "learner.kl_coef=0.0",
-                           "learner.awm.ema_kl_coef=0.0", "train.micro_batch=2", f"train.updates_per_epoch={updates}")
+                           "learner.awm.ema_kl_coef=0.0", f"train.micro_batch={micro_batch}",
+                           f"train.updates_per_epoch={updates}")
     set_velocity(trainer, trainer.policy.params, [0.5, 0.5])
     draws = ([0.5, 0.25], [[1.0, 0.0], [0.0, 1.0]])
     leaves = [(0, 0, [0.0, 0.0], 7.0, *draws),  # clipped to 5: −1 per row
@@ -320,13 +330,15 @@ def test_a_step_loss_is_the_mean_over_its_rows(tmp_path, updates):
 # ------------------------------------------------------------------------------------------------
 # 6. DiffusionNFT: the two implicit policies, from θ_old
 # ------------------------------------------------------------------------------------------------
-def test_nft_negative_policy_is_the_reflection_through_theta_old(tmp_path):
+@pytest.mark.parametrize("micro_batch", [1, 64])
+def test_nft_negative_policy_is_the_reflection_through_theta_old(tmp_path, micro_batch):
     """DiffusionNFT's v⁺ = v_old + β·(v_θ − v_old) and v⁻ = v_old − β·(v_θ − v_old), v_old from θ_old (the copy
     ``learner.old``), on a hand batch where ℓ⁺ ≠ ℓ⁻ and r ∉ {0, 1} matter (docs/math.md §5, β = 1, A_max = 5).
     v_θ = [1, 1], v_old = [0.5, 1], v_ref = 0: v⁺ = [1, 1], v⁻ = 2·v_old − v_θ = [0, 1]; t = 0.5, err = t·(u − v).
     Catches: v⁻ computed like v⁺ (loss 2.5), v_old taken from θ (2.5) or from the reference/base (3.75), r and 1 − r
     swapped, the adaptive weight w± shared between the two terms."""
-    trainer = hand_trainer(tmp_path, "diffusion_nft", "learner.train_times=1", "learner.kl_coef=0.0")
+    trainer = hand_trainer(tmp_path, "diffusion_nft", "learner.train_times=1", "learner.kl_coef=0.0",
+                           f"train.micro_batch={micro_batch}")  # one micro-batch, or one per sample
     learner, policy = trainer.learner, trainer.policy
     set_velocity(trainer, policy.params, [1.0, 1.0])
     set_velocity(trainer, learner.old.values, [0.5, 1.0])
@@ -341,3 +353,41 @@ def test_nft_negative_policy_is_the_reflection_through_theta_old(tmp_path):
     # sample 1: 2·[−0.5, 0]·0.5/(2·0.25) = [−1, 0] → 5·[−1, 0]; mean over the 2 rows: ([2.5, 0] + [−5, 0])/2
     assert_close_ulps(bias_grad(trainer), torch.tensor([-1.25, 0.0]), ulps=8)
     assert metrics["max_abs_vplus_minus_vold_epoch0"] == 0.5  # |v⁺ − v_old| = |[0.5, 0]|: θ_old lags θ here
+
+
+# ------------------------------------------------------------------------------------------------
+# 7. micro-batches: at most train.micro_batch rows, every row once, DGPO's units whole
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", ["diffusion_nft", "awm", "dgpo"])
+@pytest.mark.parametrize("limit", [1, 4, 7, 1000])
+def test_micro_batches_hold_every_row_once_within_the_limit(tmp_path, preset, limit):
+    """``ForwardLearner.micro_batches``: groups of 3, 1 and 2 samples, K = 3 draws. Every (sample, draw) is in exactly
+    one micro-batch, in group order; NFT and AWM micro-batches hold at most ``limit`` rows (a group and a sample's
+    draws are split where it falls: an 81-frame video row is ~33k tokens); DGPO's hold whole (group, draw) units, so
+    one exceeds the limit only when a unit alone does."""
+    from flowgrpo.engine.learners.forward import Sample
+
+    trainer = hand_trainer(tmp_path, preset, "learner.train_times=3")
+    learner, K = trainer.learner, 3
+    sizes = [3, 1, 2]
+    samples = [Sample(0, i, 0.0, g, (g, i)) for g, n in enumerate(sizes) for i in range(sum(sizes[:g]), sum(sizes[:g + 1]))]
+    by_group = {g: [i for i, s in enumerate(samples) if s.group == g] for g in range(3)}
+    parts = learner.micro_batches([0, 1, 2], by_group, samples, limit)
+    cells = [(m.sample.leaf, k) for part in parts for m in part for k in m.draws]
+    assert sorted(cells) == sorted((i, k) for i in range(6) for k in range(K)) and len(cells) == len(set(cells))
+    assert [c[0] for c in cells] == sorted(c[0] for c in cells) or preset == "dgpo"  # group order, sample-major
+    rows = [sum(len(m.draws) for m in part) for part in parts]
+    if preset == "dgpo":
+        for part in parts:  # a group's members on a draw are together
+            for g, members in by_group.items():
+                for k in range(K):
+                    inside = {m.sample.leaf for m in part if m.sample.group == g and k in m.draws}
+                    assert inside in (set(), set(members))
+        assert all(r <= max(limit, max(sizes)) for r in rows)
+    else:
+        assert all(r <= limit for r in rows) and len(parts) == -(-6 * K // limit)
+    # a gradient-noise probe's micro-batches hold whole groups: each is a small-batch gradient over its prompts
+    probe = learner.micro_batches([0, 1, 2], by_group, samples, limit, "group")
+    where = {(m.sample.leaf, k): n for n, part in enumerate(probe) for m in part for k in m.draws}
+    assert len(where) == 6 * K and all(len({where[i, k] for i in members for k in range(K)}) == 1
+                                       for members in by_group.values())

@@ -43,6 +43,7 @@ def dgpo_clip_mask(error: torch.Tensor, error_old: torch.Tensor, advantages: tor
 
 class DGPOLearner(ForwardLearner):
     name = "dgpo"
+    unit = "group_draw"  # its objective compares a group's members on each draw: never split one
 
     def __init__(self, cfg, policy):
         super().__init__(cfg, policy)
@@ -60,7 +61,7 @@ class DGPOLearner(ForwardLearner):
     def micro_loss(self, members, batches, epoch, space, first):
         lc = self.cfg.learner
         dg, K = lc.dgpo, lc.train_times
-        _, x_t, t, u, cond, adv, index = self.rows(members, batches, epoch, space)
+        _, x_t, t, u, cond, adv, index, draw = self.rows(members, batches, epoch, space)
         v_ref = self.velocity(x_t, t, cond, weights=REFERENCE)
         v_old = self.velocity(x_t, t, cond, weights=self.ema_ref)
         v = self.velocity(x_t, t, cond)
@@ -69,9 +70,8 @@ class DGPOLearner(ForwardLearner):
         err_old = (u - v_old).square().flatten(1).mean(1)
         clipped = dgpo_clip_mask(err, err_old, adv, dg.clip_range)
         used = torch.where(clipped, err.detach(), err)
-        # one comparison per group and draw: rows are sample-major, K draws per sample
-        group_of_sample = torch.tensor([s.group for s in members], device=x_t.device)
-        draw = torch.arange(K, device=x_t.device).repeat(len(members))
+        # one comparison per group and draw (a micro-batch holds whole (group, draw) units: unit below)
+        group_of_sample = torch.tensor([m.sample.group for m in members], device=x_t.device)
         keys = group_of_sample[index] * K + draw
         objective, sizes = dgpo_group_objective(used - err_ref, adv, keys, dg.beta)
         total = (sizes / dg.beta * objective).sum()

@@ -16,8 +16,12 @@ of the node with ``share_draws=group`` (DGPO compares a group's members on the s
 resumed run, a different micro-batch size or another number of processes draw the same numbers.
 The velocity is conditional (CFG-free, the papers' default) or the rollout's CFG
 (``learner.train_guidance``). Optimizer steps split whole groups as the transition learner does
-(``train.updates_per_epoch``), micro-batches hold whole groups, and every model call is counted as a
-training forward (the policy's, the old policy's, the reference's, an EMA's) and its backward.
+(``train.updates_per_epoch``). A micro-batch holds at most ``train.micro_batch`` training rows: a
+learner whose loss is a sum over rows (NFT, AWM) splits a group, even a sample's K draws, where the limit
+falls; DGPO's loss compares a group's members on each draw, so its unit is (group, draw) (``unit``). An
+81-frame Wan video is ~33k tokens per row: whole groups of 24 samples × 9 draws would be one forward of
+7M tokens. Every model call is counted as a training forward (the policy's, the old policy's, the
+reference's, an EMA's) and its backward.
 
 NFT's sampling policy θ_old, AWM's EMA and DGPO's ema_ref are copies of the weights the policy keeps
 (``soft_copy``): θ_c ← λ·θ_c + (1 − λ)·θ with λ = min(rate·(n − delay), max) after n optimizer steps.
@@ -55,6 +59,14 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class Member:
+    """A sample in a micro-batch, with the draws (indices into its K) whose rows this micro-batch trains."""
+
+    sample: Sample
+    draws: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class DrawSpace:
     """Where an iteration's training draws come from: the rollout's grid and time shift, the latent shape."""
 
@@ -74,6 +86,7 @@ class ForwardLearner(Learner):
 
     needs_transitions = False
     contract_metric = ""  # the diagnostic logged at inner epoch 0 (the ratio == 1 or v⁺ = v_old contract)
+    unit = "row"  # what a micro-batch never splits: a row (sample, draw), "group_draw" (a group on one draw), "group"
 
     def describe(self, leaves_per_prompt: int, trained_per_prompt: int) -> str:
         t, K = self.cfg.train, self.cfg.learner.train_times
@@ -83,7 +96,7 @@ class ForwardLearner(Learner):
                 f"training rows (sample x draw) over {epochs}\n"
                 f"optimizer steps per iteration: {t.inner_epochs} epochs x {t.updates_per_epoch} updates = "
                 f"{t.inner_epochs * t.updates_per_epoch}; ~{rows // t.updates_per_epoch} training rows (sample x draw) "
-                f"per update in micro-batches of about {t.micro_batch} rows (whole groups) per process")
+                f"per update in micro-batches of at most {t.micro_batch} rows per process")
 
     # ---------------------------------------------------------------- the data
     def samples(self, rollouts: Rollouts) -> list[Sample]:
@@ -150,10 +163,39 @@ class ForwardLearner(Learner):
         (``weights=flowgrpo.engine.policy.REFERENCE``)."""
         return self.policy.velocity(x, t, cond, self.guidance, weights)
 
-    @staticmethod
-    def stand_in(rollouts: Rollouts) -> Sample:
+    def stand_in(self, rollouts: Rollouts) -> Member:
         """A sample for a sharded process that trains none this step (its loss is multiplied by 0)."""
-        return Sample(0, 0, 0.0, -1, (0, 0))
+        return Member(Sample(0, 0, 0.0, -1, (0, 0)), tuple(range(self.cfg.learner.train_times)))
+
+    def micro_batches(self, chunk: list[int], by_group: dict, samples: list[Sample], limit: int,
+                      unit: str | None = None) -> list[list[Member]]:
+        """The update's rows in micro-batches of at most ``limit`` rows (one unit more only where a unit alone
+        is larger): group by group, sample-major, each sample's draws in order (see the module docstring)."""
+        K, unit = self.cfg.learner.train_times, unit or self.unit
+        units = []  # (rows, [(sample index, draw)])
+        for g in chunk:
+            if unit == "group":
+                units.append((len(by_group[g]) * K, [(i, k) for i in by_group[g] for k in range(K)]))
+            elif unit == "group_draw":
+                units += [(len(by_group[g]), [(i, k) for i in by_group[g]]) for k in range(K)]
+            else:
+                units += [(1, [(i, k)]) for i in by_group[g] for k in range(K)]
+        parts, rows, cells = [], 0, []
+        for n, unit in units:
+            if cells and rows + n > limit:
+                parts.append(cells)
+                rows, cells = 0, []
+            rows += n
+            cells += unit
+        if cells:
+            parts.append(cells)
+        out = []
+        for cells in parts:  # one Member per sample, in the order its rows first appear
+            draws: dict[int, list[int]] = {}
+            for i, k in cells:
+                draws.setdefault(i, []).append(k)
+            out.append([Member(samples[i], tuple(sorted(ks))) for i, ks in draws.items()])
+        return out
 
     # ---------------------------------------------------------------- the update
     def update(self, rollouts: Rollouts) -> dict:
@@ -174,25 +216,19 @@ class ForwardLearner(Learner):
             for u, chunk in enumerate(chunks):
                 self.normaliser = self.normalisation(samples, chunk, by_group)
                 policy.zero_grad()
-                # micro-batches of whole groups, about train.micro_batch rows each (a gradient-noise probe: at
-                # least two, up to four, so each is a small-batch gradient over its prompts)
-                limit = t_cfg.micro_batch
+                # micro-batches of at most train.micro_batch rows; a gradient-noise probe's hold whole groups (at
+                # least two, up to four), so that each is a small-batch gradient over its prompts
+                limit, unit = t_cfg.micro_batch, None
                 if policy.probe.active:
                     limit = min(limit, -(-sum(len(by_group[g]) for g in chunk) * self.cfg.learner.train_times // 4))
-                parts, micro, rows = [], [], 0
-                for g in chunk + [None]:
-                    if g is not None:
-                        micro.append(g)
-                        rows += len(by_group[g]) * self.cfg.learner.train_times
-                    if micro and (g is None or rows >= limit):
-                        parts.append([samples[i] for h in micro for i in by_group[h]])
-                        micro, rows = [], 0
+                    unit = "group"
+                parts = self.micro_batches(chunk, by_group, samples, limit, unit)
                 for members, real in policy.matched(parts, lambda: [self.stand_in(rollouts)]):
                     loss, d = self.micro_loss(members, rollouts.batches, epoch, space, first=epoch == 0 and u == 0)
                     if not real:  # the same model calls as the other processes, no gradient, no diagnostics
                         policy.backward(loss * 0.0)
                         continue
-                    policy.backward(loss, len({s.key[0] for s in members}))
+                    policy.backward(loss, len({m.sample.key[0] for m in members}))
                     diag["loss"].append(loss.detach().reshape(1))
                     for key, value in d.items():
                         diag.setdefault(key, []).append(value.detach().float().reshape(-1).cpu())
@@ -221,46 +257,52 @@ class ForwardLearner(Learner):
         rows = sum(len(by_group[g]) for g in chunk) * self.cfg.learner.train_times
         return float(self.policy.gather(torch.tensor([rows])).sum())
 
-    def rows(self, members: list[Sample], batches: list, epoch: int, space: DrawSpace):
-        """The micro-batch's training rows: x0, x_t, t, u = ε − x0, the conditioning rows, advantages [R]
-        and each row's sample index into ``members`` (rows are sample-major, K per sample)."""
-        device, K, latent = self.policy.device, self.cfg.learner.train_times, space.latent
-        x0, ts, noise, conds = [], [], [], []
-        for s in members:
+    def rows(self, members: list[Member], batches: list, epoch: int, space: DrawSpace):
+        """The micro-batch's training rows: x0, x_t, t, u = ε − x0, the conditioning rows, advantages [R],
+        each row's index into ``members`` and its draw index in 0..K−1 (rows are member-major, each member's
+        chosen draws in order). A draw's numbers do not depend on which of them a micro-batch holds."""
+        device, latent = self.policy.device, space.latent
+        x0, ts, noise, conds, counts = [], [], [], [], []
+        for m in members:
+            s, pick = m.sample, torch.tensor(m.draws)
             rec = batches[s.batch].record
             t, eps = self.draws(s, epoch, space)
-            x0.append(rec.leaf_state[s.leaf].unsqueeze(0).expand((K,) + latent))
-            ts.append(t)
-            noise.append(eps)
+            x0.append(rec.leaf_state[s.leaf].unsqueeze(0).expand((len(m.draws),) + latent))
+            ts.append(t[pick])
+            noise.append(eps[pick])
             conds.append(int(rec.prompt_cond[rec.leaf_prompt[s.leaf]]))
+            counts.append(len(m.draws))
         x0 = torch.cat(x0).to(device, torch.float32)
         t = torch.cat(ts).to(device)
         eps = torch.cat(noise).to(device)
         column = t.view((-1,) + (1,) * len(latent))
         x_t = (1 - column) * x0 + column * eps
-        adv = torch.tensor([s.advantage for s in members], device=device).repeat_interleave(K)
-        index = torch.arange(len(members), device=device).repeat_interleave(K)
-        cond_rows = torch.tensor(conds).repeat_interleave(K)
-        cond = self._conditioning(members, batches, cond_rows)
-        return x0, x_t, t, eps - x0, cond, adv, index
+        per_row = torch.tensor(counts)
+        adv = torch.tensor([m.sample.advantage for m in members]).repeat_interleave(per_row).to(device)
+        index = torch.arange(len(members)).repeat_interleave(per_row).to(device)
+        draw = torch.tensor([k for m in members for k in m.draws], device=device)
+        cond = self._conditioning(members, batches, torch.tensor(conds).repeat_interleave(per_row), counts)
+        return x0, x_t, t, eps - x0, cond, adv, index, draw
 
-    def _conditioning(self, members, batches, cond_rows):
+    @staticmethod
+    def _conditioning(members: list[Member], batches, cond_rows, counts: list[int]):
         """Conditioning rows in member order (a micro-batch may hold groups of several rollout batches)."""
-        K, out, start = self.cfg.learner.train_times, None, 0
+        out, start, row = None, 0, 0
         while start < len(members):
-            end = start
-            while end < len(members) and members[end].batch == members[start].batch:
+            end, rows = start, 0
+            while end < len(members) and members[end].sample.batch == members[start].sample.batch:
+                rows += counts[end]
                 end += 1
-            part = batches[members[start].batch].cond.select(cond_rows[start * K : end * K])
+            part = batches[members[start].sample.batch].cond.select(cond_rows[row : row + rows])
             out = part if out is None else out.concat(part)
-            start = end
+            start, row = end, row + rows
         return out
 
     # ---------------------------------------------------------------- the method
     def begin_update(self, samples: list[Sample]) -> None:
         """Called once per iteration before the first optimizer step (e.g. snapshot the rollout weights)."""
 
-    def micro_loss(self, members: list[Sample], batches: list, epoch: int, space: DrawSpace,
+    def micro_loss(self, members: list[Member], batches: list, epoch: int, space: DrawSpace,
                    first: bool) -> tuple[torch.Tensor, dict]:
-        """The summed, normalised loss of a micro-batch of whole groups, and per-row diagnostics."""
+        """The summed, normalised loss of a micro-batch's rows, and per-row diagnostics."""
         raise NotImplementedError

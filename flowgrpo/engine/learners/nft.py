@@ -65,7 +65,7 @@ class NFTLearner(ForwardLearner):
 
     def micro_loss(self, members, batches, epoch, space, first):
         lc = self.cfg.learner
-        x0, x_t, t, u, cond, adv, _ = self.rows(members, batches, epoch, space)
+        x0, x_t, t, u, cond, adv, _, _ = self.rows(members, batches, epoch, space)
         # every no-gradient call first: a copy's weights are swapped into the parameters in place
         v_old = self.velocity(x_t, t, cond, weights=self.old)
         v_ref = self.velocity(x_t, t, cond, weights=REFERENCE) if lc.kl_coef > 0 else None
