@@ -11,8 +11,12 @@ Backends: "eager" = ops.transition_terms(backend="reference"), the PyTorch speci
 learner would run it; "compile" = the same function under torch.compile (compile time excluded;
 the reference's data-dependent std > 0 check splits it into two graphs); "fused" = the C++/CUDA
 op. Printed: best-of-repetitions milliseconds and the ratios eager/fused and compile/fused. On
-CUDA, the fused op's achieved bandwidth (bytes it must move / time) as a fraction of the device's
-peak.
+CUDA, also the fused op's kernel time (the CUDA kernels' own time per call, from the profiler, over a
+burst of calls) and its achieved bandwidth (bytes it must move / kernel time) as a share of the
+device-to-device copy bandwidth measured at the start (bytes read and written by a 1 GiB copy). The
+millisecond columns are wall time per call, host launch included: on an H200 every size up to an
+image micro-batch of 64 took ~0.1-0.7 ms of wall time for ~10 µs of data movement (2026-11-27,
+docs/results/real_size_gpu.md), so the kernel column is the one that measures the kernels.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from flowgrpo import likelihood as ops  # noqa: E402
 
 SIZES = {  # name: (latent shape, batch sizes)
     "tiny 4x16x16": ((4, 16, 16), (8, 64)),
-    "image 16x64x64": ((16, 64, 64), (1, 8, 32)),
+    "image 16x64x64": ((16, 64, 64), (1, 8, 32, 64)),  # 64: the presets' train.micro_batch at 512 px
     "video 16x13x60x104": ((16, 13, 60, 104), (1, 2)),
 }
 
@@ -91,6 +95,42 @@ def timeit(fn, args, kw, grad, device, min_time=0.5, max_reps=200):
     return min(times) * 1e3
 
 
+def copy_bandwidth(device, gib: float = 1.0) -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + written), best of 10 copies of ``gib`` GiB."""
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e-3)
+    return 2 * src.numel() / best
+
+
+def kernel_ms(fn, args, kw, grad, calls: int = 20) -> float:
+    """The CUDA kernels' own time per call (ms), summed over the kernels a burst of ``calls`` launched."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def once():
+        if grad:
+            out = fn(*args, **kw)
+            return torch.autograd.grad(out, args[1])
+        with torch.no_grad():
+            return fn(*args, **kw)
+
+    once()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            once()
+        torch.cuda.synchronize()
+    total_us = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA")
+    return total_us / calls * 1e-3
+
+
 def peak_bandwidth(device) -> float | None:
     props = torch.cuda.get_device_properties(device)
     clock_khz = getattr(props, "memory_clock_rate", None)
@@ -127,11 +167,15 @@ def main(argv=None):
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     ops.build()
     print(f"# device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{args.threads} thread(s)'}), torch {torch.__version__}")
-    peak = peak_bandwidth(device) if device.type == "cuda" else None
+    peak = copy_bandwidth(device) if device.type == "cuda" else None
+    if peak:
+        spec = peak_bandwidth(device)
+        print(f"# device-to-device copy: {peak / 1e9:.0f} GB/s read + written"
+              + (f" ({peak / spec:.0%} of the {spec / 1e9:.0f} GB/s the device reports)" if spec else ""))
     compiled = {}
     header = f"{'size':20s} {'N':>3s} {'dtype':5s} {'workload':9s} {'mode':8s} {'eager ms':>9s} {'compile ms':>10s} {'fused ms':>9s} {'eager/fused':>11s} {'compile/fused':>13s}"
     if peak:
-        header += f" {'GB/s':>7s} {'of peak':>7s}"
+        header += f" {'kernel ms':>9s} {'GB/s':>7s} {'of copy':>7s}"
     print(header)
     for size in args.sizes:
         latent, batches = SIZES[size]
@@ -156,8 +200,9 @@ def main(argv=None):
                         line = (f"{size:20s} {n:3d} {dname:5s} {workload:9s} {'fwd+bwd' if grad else 'fwd':8s} "
                                 f"{eager:9.3f} {comp:10.3f} {fused:9.3f} {eager / fused:10.2f}x {comp / fused:12.2f}x")
                         if peak:
-                            bw = bytes_moved(inputs, kw, grad) / (fused * 1e-3)
-                            line += f" {bw / 1e9:7.0f} {bw / peak:6.0%}"
+                            kernel = kernel_ms(terms_fn("fused"), inputs, kw, grad)
+                            bw = bytes_moved(inputs, kw, grad) / (kernel * 1e-3)
+                            line += f" {kernel:9.4f} {bw / 1e9:7.0f} {bw / peak:6.0%}"
                         print(line, flush=True)
 
 

@@ -121,3 +121,15 @@ def test_the_peer_comparison_times_both_sides(tiny_sd3_dir, tmp_path):
     for key in ("ours_sample", "ours_train", "peer_sample", "peer_train"):
         assert 0 < result["median_model_s"][key] < result["median_s"][key]
     assert result["ratio_iteration"] > 0
+
+
+def test_a_bf16_run_is_checked_in_bf16_ulps():
+    """A bf16 transformer's check allows LOW_PRECISION_ULPS bf16 ulps (2 ulps of x' were measured on an H200
+    between the reference pipeline's bf16 latents and flowgrpo's float32 ones); float32 keeps float32 ulps."""
+    assert bench_peer.check_precision(torch.float32) == (bench_peer.TOLERANCE_ULPS, torch.float32)
+    ulps, dtype = bench_peer.check_precision(torch.bfloat16)
+    ours = torch.tensor([5.2, -1.0])
+    bf16_ulp = 2.0 ** -5  # bf16 numbers in [4, 8) are 2^-5 apart
+    assert bench_peer.compare("x", ours, ours + torch.tensor([2 * bf16_ulp, 0.0]), ulps, dtype)["ok"]
+    assert not bench_peer.compare("x", ours, ours + torch.tensor([2 * bf16_ulp, 0.0]))["ok"]  # float32 ulps: refused
+    assert not bench_peer.compare("x", ours, ours + torch.tensor([ulps * 8 * bf16_ulp, 0.0]), ulps, dtype)["ok"]
