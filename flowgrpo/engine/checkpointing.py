@@ -16,7 +16,7 @@ sharded; a checkpoint of N processes resumes at M (tests/engine/test_sharded.py)
 from __future__ import annotations
 
 from flowgrpo.run.checkpoint import (
-    checkpoint_contents, checkpoint_dirs, load_checkpoint, prune_checkpoints, save_checkpoint,
+    checkpoint_contents, load_checkpoint, prune_checkpoints, readable_checkpoint, save_checkpoint,
 )
 
 
@@ -37,15 +37,17 @@ def save(cfg, policy, schedule, iteration: int, evaluation_copy, config_yaml: st
 def resume(cfg, policy, schedule):
     """Load the newest checkpoint of the run folder into ``policy`` and ``schedule``; returns (its folder,
     the iteration to continue from), or None when there is none or ``resume=false``."""
-    found = checkpoint_dirs(cfg.run_dir)
-    if not (cfg.resume and found):
+    if not cfg.resume:
         return None
-    saved, state = checkpoint_contents(found[-1])
-    tensors = load_checkpoint(found[-1], policy.load_targets(saved))
+    newest = readable_checkpoint(cfg.run_dir)  # a damaged newest one: one line naming it and the last good one
+    if newest is None:
+        return None
+    saved, state = checkpoint_contents(newest)
+    tensors = load_checkpoint(newest, policy.load_targets(saved))
     policy.load_state(tensors, state)
     schedule.load_state_dict(state["schedule"])
     policy.nfe.load_state_dict(state["nfe"])
-    return found[-1], state["iteration"]
+    return newest, state["iteration"]
 
 
 __all__ = ["resume", "save"]

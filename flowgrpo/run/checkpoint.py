@@ -8,15 +8,20 @@
                         Hugging Face storage: safetensors with JSON headers)
   state.json            everything else: iteration, optimizer hyper-parameters, plan-schedule state,
                         NFE counters, metrics history needed to continue, the resolved config
-A checkpoint is written to ``step_<n>.tmp`` and renamed into place, so a crash never leaves a
-half-written one; loading reads only safetensors and JSON (no pickle anywhere). Both layouts load
+A checkpoint is written to ``step_<n>.tmp`` and renamed into place, so a crash (a SIGKILL included) never
+leaves a half-written one; a write that fails (a full disk) removes its temporary folder and stops the run
+with one line, the checkpoints before it intact. A checkpoint that cannot be read (truncated, corrupted)
+is named on resume, with the newest one that can (:func:`readable_checkpoint`). Loading reads only
+safetensors and JSON (no pickle anywhere). Both layouts load
 through torch.distributed.checkpoint into tensors laid out as the loading run holds them, so a
 checkpoint of N processes resumes at M (rows are read where they lie: resharding).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -24,6 +29,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
+
+from flowgrpo.run.errors import UserError
+
+
+class CheckpointError(UserError):
+    """A checkpoint that could not be written or read; the message names the file and what is intact."""
 
 
 def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -89,26 +100,36 @@ def save_checkpoint(folder: Path, tensors: dict[str, torch.Tensor], state: dict,
     folder = Path(folder)
     rank, _ = _rank_world()
     tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier()
-    if any(_is_sharded(v) for v in tensors.values()):
-        import torch.distributed.checkpoint as dcp
+    try:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        if any(_is_sharded(v) for v in tensors.values()):
+            import torch.distributed.checkpoint as dcp
 
-        dcp.save({k: v.detach() for k, v in tensors.items()},
-                 storage_writer=dcp.HuggingFaceStorageWriter(str(tmp / "tensors"), save_distributed=True))
-    elif rank == 0:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp / "tensors.safetensors")
-    if extra is not None:
-        extra(tmp)
-    _barrier()
-    if rank == 0:
-        (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
-        if folder.exists():
-            folder.rename(old)
-        tmp.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
+            dcp.save({k: v.detach() for k, v in tensors.items()},
+                     storage_writer=dcp.HuggingFaceStorageWriter(str(tmp / "tensors"), save_distributed=True))
+        elif rank == 0:
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp / "tensors.safetensors")
+        if extra is not None:
+            extra(tmp)
+        _barrier()
+        if rank == 0:
+            (tmp / "state.json").write_text(json.dumps(state, indent=1, default=str))
+            if folder.exists():
+                folder.rename(old)
+            tmp.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:  # a full disk, a quota, a folder gone: nothing half-written is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        before = [p.name for p in checkpoint_dirs(folder.parent.parent) if p != folder]
+        what = errno.errorcode.get(exc.errno, "") if exc.errno else ""
+        intact = f"the last complete checkpoint, {before[-1]}, is intact" if before else "no earlier checkpoint exists"
+        raise CheckpointError(
+            f"could not write checkpoint {folder} ({what + ': ' if what else ''}{exc.strerror or exc}); its partial "
+            f"folder was removed and {intact}; free space in {folder.parent} (or lower log.keep_checkpoints) and run "
+            "the same command again to resume") from None
     _barrier()
 
 
@@ -143,13 +164,61 @@ def load_checkpoint(folder: Path, targets: dict[str, torch.Tensor]) -> dict[str,
 
 
 def checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
+    """Complete checkpoints of a run (``step_<n>`` with a state.json; never a ``.tmp`` or ``.old``), oldest first."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith("step_") and not p.name.endswith(".tmp")
-             and (p / "state.json").is_file()]
+    found = [p for p in root.iterdir() if re.fullmatch(r"step_\d+", p.name) and (p / "state.json").is_file()]
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why ``folder`` cannot be resumed from (the file and the reason), or None when its state.json parses and
+    every tensor file's header and size agree. Reads headers only: a flipped bit inside the tensor data is
+    not detected (no checksums are kept)."""
+    folder = Path(folder)
+    try:
+        json.loads((folder / "state.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"{folder / 'state.json'}: {exc}"
+    files = sorted((folder / "tensors").glob("*.safetensors")) if (folder / "tensors").is_dir() else \
+        [folder / "tensors.safetensors"]
+    if not files:
+        return f"{folder}: no tensor files"
+    for path in files:
+        try:
+            with path.open("rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    return f"{path}: truncated ({len(head)} bytes)"
+                length = int.from_bytes(head, "little")
+                if length > 100_000_000:
+                    return f"{path}: not a safetensors file (header length {length})"
+                header = json.loads(f.read(length))
+            ends = [info["data_offsets"][1] for key, info in header.items() if key != "__metadata__"]
+            expected = 8 + length + max(ends, default=0)
+            size = path.stat().st_size
+            if size != expected:
+                return f"{path}: {size} bytes where its header says {expected} (truncated or padded)"
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, IndexError) as exc:
+            return f"{path}: unreadable header ({type(exc).__name__}: {exc})"
+    return None
+
+
+def readable_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint of the run, after checking it can be read; None when there is none. A newest one that
+    cannot be read is a :class:`CheckpointError` naming the file and the newest one that can."""
+    found = checkpoint_dirs(run_dir)
+    if not found:
+        return None
+    problem = checkpoint_problem(found[-1])
+    if problem is None:
+        return found[-1]
+    good = next((p for p in reversed(found[:-1]) if checkpoint_problem(p) is None), None)
+    offer = (f"the newest readable one is {good.name}: move {found[-1].name} aside (mv {found[-1]} {found[-1]}.bad) "
+             "and run the same command again to resume from it" if good else
+             "no earlier checkpoint can be read: start again with resume=false, or a new run_name")
+    raise CheckpointError(f"checkpoint {found[-1].name} cannot be read ({problem}); {offer}")
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
