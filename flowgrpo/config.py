@@ -93,7 +93,8 @@ class RewardSpec:
     name: str = "toy"  # registered reward name or dotted path module:Class
     weight: float = 1.0  # weight in the multi-reward combination; a single reward is scaled by it too (−1 minimises it)
     kwargs: dict = field(default_factory=dict)  # passed to the reward's constructor
-    RULES: ClassVar[dict] = {"name": TEXT, "weight": FINITE, "kwargs": MAPPING}
+    timeout_s: float = 600.0  # one scoring call's limit: a reward that hangs gives NaN for the batch (0 = no limit)
+    RULES: ClassVar[dict] = {"name": TEXT, "weight": FINITE, "kwargs": MAPPING, "timeout_s": at_least(0)}
 
 
 @dataclass

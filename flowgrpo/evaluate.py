@@ -13,7 +13,8 @@ import torch
 from tqdm.auto import tqdm
 
 import samplers
-from rewards import Reward, load_reward
+from flowgrpo.run.errors import build_reward
+from rewards import Reward
 
 
 @torch.no_grad()
@@ -108,7 +109,7 @@ def evaluate(
     from its own index).
     """
     started = time.time()
-    reward = load_reward(reward) if isinstance(reward, str) else reward
+    reward = build_reward(reward, {}, "the held-out reward (eval.reward, --reward)") if isinstance(reward, str) else reward
     n, index = len(prompts), list(range(len(prompts)))
     if processes is not None:
         rank, world, gather = processes

@@ -11,6 +11,9 @@ exponential backoff (backoff_s * 2^attempt); if it still fails, that reward's sc
 are NaN, the error is stored in result.errors and logged as a warning the first time it occurs (an
 identical error again is logged at DEBUG: a dead reward gives one line, not one per batch; attempts
 are logged at INFO; report_failures=False leaves the reporting to the caller), and the run goes on.
+``timeouts`` ({key: seconds}, 0 = none) bound one call: a reward that has not answered by then is a
+failure for that batch, not retried (the call is left to finish in its thread; the reward's next call waits
+for it no longer than the same timeout, then fails too), so a hung scorer cannot hang the run.
 NaN rewards are never trained on: result.valid marks the samples whose total is finite.
 
     total = sum_k weight_k * score_k    (NaN if any component is NaN; nan_policy="skip" sums the
@@ -94,12 +97,16 @@ class RewardResult:
         return torch.stack(list(self.scores.values()), 1)
 
 
+class RewardTimeout(TimeoutError):
+    """A reward call that did not answer within its timeout."""
+
+
 class RewardRunner:
     """rewards: a list of specs (see RewardSpec) or {key: (Reward, weight)}. max_workers: threads
     shared by all batches and rewards."""
 
     def __init__(self, rewards, *, retries: int = 2, backoff_s: float = 0.5, max_workers: int = 2,
-                 nan_policy: str = "propagate", report_failures: bool = True):
+                 nan_policy: str = "propagate", report_failures: bool = True, timeouts: dict | None = None):
         self.rewards = rewards if isinstance(rewards, dict) else build_rewards(rewards)
         if not self.rewards:
             raise ValueError("RewardRunner needs at least one reward")
@@ -110,6 +117,7 @@ class RewardRunner:
         self._reported: set[tuple[str, str]] = set()  # (key, error) pairs already logged as warnings
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward")
         self._locks = {key: threading.Lock() for key in self.rewards}  # one call at a time per reward object
+        self.timeouts = {key: float((timeouts or {}).get(key) or 0.0) for key in self.rewards}
 
     def submit(self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
                ) -> concurrent.futures.Future:
@@ -149,12 +157,13 @@ class RewardRunner:
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                with self._locks[key]:
-                    out = reward(images, prompts, metadata)
+                out = self._invoke(key, reward, (images, prompts, metadata))
                 return out, None, time.perf_counter() - started
             except Exception as exc:  # noqa: BLE001  (a failing reward never crashes the run)
                 error = f"{type(exc).__name__}: {exc}"
                 logger.info("reward %s: attempt %d/%d failed: %s", key, attempt + 1, self.retries + 1, error)
+                if isinstance(exc, RewardTimeout):
+                    break  # a retry would wait behind the call that hangs
         if self.report_failures:
             again = (key, error) in self._reported
             self._reported.add((key, error))
@@ -162,6 +171,33 @@ class RewardRunner:
                        "reward %s failed after %d attempts; its scores for this batch are NaN: %s%s",
                        key, self.retries + 1, error, " (again)" if again else "")
         return None, error, time.perf_counter() - started
+
+    def _invoke(self, key: str, reward: Reward, args: tuple) -> RewardOutput:
+        """One call of ``reward``, one at a time per reward, bounded by its timeout (see the module docstring)."""
+        lock, limit = self._locks[key], self.timeouts[key]
+        if not limit:
+            with lock:
+                return reward(*args)
+        if not lock.acquire(timeout=limit):
+            raise RewardTimeout(f"still busy after timeout_s={limit:g} s with an earlier call that did not answer")
+        box: dict = {}
+
+        def call():
+            try:
+                box["out"] = reward(*args)
+            except BaseException as exc:  # noqa: BLE001  (handed to the waiting thread)
+                box["error"] = exc
+            finally:
+                lock.release()
+
+        worker = threading.Thread(target=call, name=f"reward-{key}", daemon=True)
+        worker.start()
+        worker.join(limit)
+        if worker.is_alive():
+            raise RewardTimeout(f"no answer within timeout_s={limit:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["out"]
 
     def _combine(self, batch: int, outputs: dict) -> RewardResult:
         scores, info, errors, seconds = {}, {}, {}, {}

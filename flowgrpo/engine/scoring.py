@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from flowgrpo.run.checkpoint import checkpoint_dirs
-from flowgrpo.run.errors import ConfigError, UserError
-from rewards import REGISTRY, load_reward
+from flowgrpo.run.errors import ConfigError, UserError, build_reward
+from rewards import REGISTRY
 from rewards.common import import_object
 from rewards.runner import RewardRunner
 
@@ -57,13 +57,14 @@ class Scoring:
 
     def __init__(self, cfg, modality: str, writer=None):
         self.cfg, self.writer = cfg, writer
-        self.rewards = [load_reward(spec.name, **spec.kwargs) for spec in cfg.rewards]
+        self.rewards = [build_reward(spec.name, spec.kwargs, f"rewards[{i}]") for i, spec in enumerate(cfg.rewards)]
         check_reward_modalities(self.rewards, [spec.name for spec in cfg.rewards], cfg.eval.reward, modality)
         self.weights = torch.tensor([spec.weight for spec in cfg.rewards], dtype=torch.float32)
         names = [r.name for r in self.rewards]
         keys = [r.name if names.count(r.name) == 1 else f"{r.name}_{i}" for i, r in enumerate(self.rewards)]
         self.runner = RewardRunner({k: (r, spec.weight) for k, r, spec in zip(keys, self.rewards, cfg.rewards)},
-                                   retries=2, backoff_s=0.1, max_workers=1, report_failures=False)
+                                   retries=2, backoff_s=0.1, max_workers=1, report_failures=False,
+                                   timeouts={k: spec.timeout_s for k, spec in zip(keys, cfg.rewards)})
         self.errors: dict[str, str] = {}  # reward key -> its last error after retries
         self.rewardless = 0  # consecutive iterations in which no sample got a valid reward
 

@@ -44,3 +44,16 @@ def reward_class(name: str, where: str):
     if not (isinstance(cls, type) and issubclass(cls, Reward)):
         raise UserError(f"{name!r} ({where}) is not a reward: name a rewards.base.Reward subclass (docs/rewards.md)")
     return cls
+
+
+def build_reward(name: str, kwargs: dict, where: str):
+    """The reward ``name`` built with ``kwargs``; a :class:`UserError` naming ``where`` when it cannot be found or its
+    constructor raises (missing weights, a bad keyword, an unreachable server...), with the constructor's error."""
+    cls = reward_class(name, where)
+    try:
+        return cls(**(kwargs or {}))
+    except Exception as exc:  # noqa: BLE001  (whatever a plug-in raises: one line naming it)
+        lines = str(exc).strip().splitlines()
+        raise UserError(f"reward {name!r} ({where}) could not be built: {type(exc).__name__}: "
+                        f"{lines[-1] if lines else ''}; check its kwargs and that what it loads (weights, a server) "
+                        "is there (docs/rewards.md)") from None
