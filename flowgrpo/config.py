@@ -419,7 +419,7 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
     layers.append(model_layer)
     if real:  # a real run is not the tiny world's: named after its model and method unless run_name is given
         layers.append(OmegaConf.create({"run_name": f"{Path(model).stem}-{Path(method).stem if method else 'default'}"}))
-    cfg: Config = OmegaConf.to_object(_merge(schema, [*layers, dotlist]))
+    cfg: Config = OmegaConf.to_object(_merge(schema, [*layers, dotlist], overrides))
     cfg.model = validate_model_config(cfg.model)
     try:
         cfg.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in cfg.rewards]
@@ -430,8 +430,9 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
     return cfg
 
 
-def _merge(schema: Config, layers: list) -> DictConfig:
-    """The layers (None skipped) merged onto the schema; a bad key or value is a ConfigError naming it."""
+def _merge(schema: Config, layers: list, overrides: list[str] | None = None) -> DictConfig:
+    """The layers (None skipped) merged onto the schema; a bad key or value is a ConfigError naming it (the
+    override that carried it, when a mapping meets a list or a number: OmegaConf names no key then)."""
     merged = OmegaConf.structured(schema)
     for layer in layers:
         if layer is None:
@@ -443,7 +444,24 @@ def _merge(schema: Config, layers: list) -> DictConfig:
                 raise ConfigError(_unknown_key_message(exc, schema)) from None
             key, first = getattr(exc, "full_key", None), str(exc).splitlines()[0]  # OmegaConf's message has 4 lines
             raise ConfigError(f"bad value for {key}: {first}" if key else f"bad config value: {first}") from None
+        except (TypeError, ValueError) as exc:
+            culprit = next((item for item in overrides or [] if not _merges(merged, item)), None)
+            where = f"override {culprit!r}" if culprit else "a config layer"
+            raise ConfigError(f"{where} does not fit its key: a mapping, a list and a single value cannot replace one "
+                              f"another ({exc}); write the value as the key's default is written "
+                              "(flowgrpo/config.py, configs/README.md)") from None
     return merged
+
+
+def _merges(merged: DictConfig, item: str) -> bool:
+    """Whether the single override ``item`` merges onto ``merged`` without a container-type error."""
+    try:
+        OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+    except (TypeError, ValueError):
+        return False
+    except Exception:  # noqa: BLE001  (another kind of error: reported by the whole merge)
+        return True
+    return True
 
 
 

@@ -57,3 +57,70 @@ def test_the_defaults_and_every_preset_pass_their_rules():
     for preset in [None] + sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml")):
         load_config(preset, None, [])
         load_config(preset, "sd3_5_medium", [])
+
+
+# ------------------------------------------------------------------------------------------------ the fuzz
+BAD_VALUES = ["nope-1", "''", "-1", "0", ".nan", ".inf", "-.inf", "1e30", "../x", "/abs/path", "[1, 2]", "{a: 1}",
+              "true"]
+WORLDS = {  # name -> (program, its default, extra arguments)
+    "image default": ("train_t2i.py", "default", []),
+    "video default": ("train_t2v.py", "default_t2v", []),
+    "analytic world": ("train_t2i.py", "default", ["--config", "ANALYTIC"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", list(WORLDS))
+def test_every_leaf_key_fuzzed_ends_in_one_line_before_anything_loads(world, tmp_path, capsys, monkeypatch):
+    """Every leaf key of the world's config with each of BAD_VALUES (wrong types, negative, zero, NaN, ±inf, huge,
+    empty, path-like): a value its rule (or a cross-key check) refuses ends through the real entry point with exit 2,
+    one line, no traceback, before any model loads, with nothing written under output_dir and an existing run
+    folder untouched; a value that reaches preflight passed every check (a valid one: nothing is loaded). Every key
+    must refuse at least one value, and docs/errors.md states the counts."""
+    import re
+    from pathlib import Path
+
+    import flowgrpo.cli.train as cli
+    from flowgrpo.run.paths import configs_dir
+
+    program, default, extra = WORLDS[world]
+    extra = [str(configs_dir() / "analytic.yaml") if e == "ANALYTIC" else e for e in extra]
+    base = str(configs_dir() / "analytic.yaml") if extra else None
+    class Accepted(Exception):
+        """preflight reached: the value passed every config check (a valid value; nothing loads)."""
+
+    def stop(*args, **kwargs):
+        raise Accepted
+
+    monkeypatch.setattr(cli, "preflight", stop)
+    out = tmp_path / "out"
+    existing = out / "kept"
+    existing.mkdir(parents=True)
+    (existing / "marker").write_text("untouched")
+    refused = 0
+    for _, name, key in _keys(Config):
+        refused_here = 0
+        for value in BAD_VALUES:
+            override = f"{key}={value}"
+            if key.startswith("rewards[0]."):  # a reward's keys are written inside the rewards list
+                field = key.split(".", 1)[1]
+                override = f"rewards=[{{name: {value}}}]" if field == "name" else f"rewards=[{{name: toy, {field}: {value}}}]"
+            try:
+                status = cli.main([*extra, f"output_dir={out}", "run_name=kept", override], prog=program,
+                                  description="", default=default)
+            except Accepted:
+                capsys.readouterr()
+                continue  # a valid value for this key
+            err = capsys.readouterr().err
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert status == 2 and len(lines) == 1 and "Traceback" not in err, (override, err)
+            assert lines[0].startswith(f"{program}: error: "), (override, lines)
+            refused_here += 1
+        refused += refused_here
+        assert refused_here, f"{key}: none of {BAD_VALUES} is refused"
+    assert sorted(p.name for p in out.iterdir()) == ["kept"] and [p.name for p in existing.iterdir()] == ["marker"]
+    assert (existing / "marker").read_text() == "untouched"
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
+    stated = re.search(rf"{world}:\s+(\d+)\s+keys,\s+(\d+)\s+bad\s+values\s+refused", doc)
+    keys = sum(1 for _ in _keys(Config))
+    assert stated and (int(stated[1]), int(stated[2])) == (keys, refused), (world, keys, refused)

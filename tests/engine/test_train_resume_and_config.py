@@ -118,7 +118,9 @@ def test_missing_model_and_unknown_reward_fail_clearly(tiny_sd3_dir, tmp_path):
         Trainer(cfg)
     cfg = load_config(None, None, [f"model.pretrained={tiny_sd3_dir}", f"output_dir={tmp_path}"],
                       base={"rewards": [{"name": "no_such_reward"}]})
-    with pytest.raises(ValueError, match="unknown reward 'no_such_reward'"):
+    from flowgrpo.run.errors import UserError
+
+    with pytest.raises(UserError, match="unknown reward 'no_such_reward' in rewards\\[0\\]"):  # one line at the CLI
         Trainer(cfg)
 
 
