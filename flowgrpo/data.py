@@ -17,6 +17,22 @@ class PromptFileError(UserError, ValueError):
     """A prompt set that cannot be read; the message names the fix."""
 
 
+MAX_FILE_BYTES = 1 << 30  # a prompt set is read whole into memory
+MAX_PROMPT_CHARS = 20_000  # far past every text encoder's window (77-512 tokens): a file without line breaks
+
+
+def _check_prompt(text: str, where: str) -> None:
+    """A prompt is text: no control characters but tabs (a binary file decodes as UTF-8 more often than one thinks),
+    and not longer than MAX_PROMPT_CHARS."""
+    bad = next((c for c in text if (ord(c) < 32 and c != "\t") or ord(c) == 127), None)
+    if bad is not None:
+        raise PromptFileError(f"{where} holds the control character U+{ord(bad):04X}: a prompts file is text (is it a "
+                              "binary file?); one prompt a line (.txt) or JSON lines (.jsonl)")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise PromptFileError(f"{where} is a prompt of {len(text):,} characters (at most {MAX_PROMPT_CHARS:,}; text "
+                              "encoders read 77-512 tokens): put one prompt on each line")
+
+
 # the built-in prompt sets: name -> the function of their world (worlds/) that lists them
 BUILTIN_PROMPT_SETS = {
     "toy-train": scenes.train_prompts, "toy-eval": scenes.eval_prompts,
@@ -41,7 +57,13 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
                 '.txt (one prompt a line) or .jsonl ({"prompt": ..., "metadata": {...}} a line) file'
             )
         try:
-            lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise PromptFileError(f"prompts {spec!r} is {size / 2**30:.1f} GiB, more than the {MAX_FILE_BYTES >> 30} "
+                                      "GiB a prompt set may be (it is read whole into memory): split it, or sample "
+                                      "the prompts you train on into a smaller file")
+            numbered = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                        if line.strip()]
         except UnicodeDecodeError as exc:
             raise PromptFileError(f"prompts {spec!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
                                   "UTF-8 (one prompt a line, or JSON lines)") from None
@@ -49,7 +71,7 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
             raise PromptFileError(f"prompts {spec!r} cannot be read ({exc.strerror}); check its permissions") from None
         if path.suffix == ".jsonl":
             rows = []
-            for number, line in enumerate(lines, 1):
+            for number, line in numbered:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as exc:
@@ -59,7 +81,9 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
                 raise PromptFileError(f"every line of {path} needs a string 'prompt' (or 'text') field")
             metadata = [r.get("metadata", r) for r in rows]
         else:
-            prompts, metadata = [line.strip() for line in lines], [{} for _ in lines]
+            prompts, metadata = [line.strip() for _, line in numbered], [{} for _ in numbered]
+        for (number, _), prompt in zip(numbered, prompts):
+            _check_prompt(prompt, f"{path}:{number}")
     if limit:
         prompts, metadata = prompts[:limit], metadata[:limit]
     if not prompts:

@@ -28,6 +28,7 @@ import glob
 import importlib
 import math
 import os
+from pathlib import Path
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -287,12 +288,29 @@ class CallTimer:
         return {k: after[k] - before.get(k, 0.0) for k in after}
 
 
+def _missing_components(folder: str) -> list[str]:
+    """The components model_index.json names ([library, class], not null) whose folder (or its config) is absent."""
+    import json
+
+    try:
+        index = json.loads(Path(folder, "model_index.json").read_text())
+    except (OSError, ValueError):
+        return []
+    named = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0]]
+    return [f"{k}/" for k in named if not Path(folder, k).is_dir() or not any(Path(folder, k).iterdir())]
+
+
 def _unloadable(pretrained: str, source: str, err: OSError) -> Exception:
     """One line for a model that diffusers could not load (its OSError runs to several lines)."""
     from flowgrpo.run.errors import UserError
 
     first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
     if os.path.isdir(source):
+        missing = _missing_components(source)
+        if missing:
+            return UserError(f"model.pretrained={pretrained!r} lacks {', '.join(missing)}: its model_index.json names "
+                             f"{'these components' if len(missing) > 1 else 'this component'} but the folder is not "
+                             "there (an interrupted download or copy?); download or copy the whole model again")
         return UserError(f"model.pretrained={pretrained!r} is a folder diffusers cannot load as a pipeline ({first}); "
                          "it needs model_index.json and a folder per component, as save_pretrained writes them")
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")

@@ -27,6 +27,10 @@ def files(tmp_path):
     (tmp_path / "mixed.jsonl").write_text('{"prompt": "a", "metadata": {"task": "x"}}\n{"prompt": "b"}\n')
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a photo of a circle"}\n{oops\n')
     (tmp_path / "latin1.txt").write_bytes("a caf\u00e9 on the left\n".encode("latin-1"))
+    (tmp_path / "nul.txt").write_text("a cat\0 on the left\n")  # valid UTF-8, but not text
+    (tmp_path / "long.txt").write_text("a circle " * 5000 + "\n")  # a file without line breaks
+    with open(tmp_path / "huge.txt", "wb") as f:  # sparse: no disk used
+        f.truncate((1 << 30) + 1)
     (tmp_path / "not_a_checkpoint").mkdir()
     (tmp_path / "not_a_checkpoint" / "notes.txt").write_text("hello")
     return tmp_path
@@ -48,6 +52,9 @@ TRAINING = [
     (["model.pretrained={tmp}/not_a_checkpoint"], r"model.pretrained='.*not_a_checkpoint' is a folder diffusers cannot load as a pipeline \(Error no file named model_index.json.*as save_pretrained writes them"),
     (["prompts={tmp}/latin1.txt"], r"prompts '.*latin1.txt' is not UTF-8 text \(byte 5: invalid continuation byte\); save it as UTF-8"),
     (["eval.prompts={tmp}/empty.txt"], r"eval.prompts: no prompts in"),
+    (["prompts={tmp}/nul.txt"], r"nul.txt:1 holds the control character U\+0000: a prompts file is text \(is it a binary file\?\)"),
+    (["prompts={tmp}/long.txt"], r"long.txt:1 is a prompt of 44,999 characters \(at most 20,000; .*put one prompt on each line"),
+    (["prompts={tmp}/huge.txt"], r"prompts '.*huge.txt' is 1.0 GiB, more than the 1 GiB a prompt set may be .*split it"),
     (["train.balance_by=task", "prompts={tmp}/mixed.jsonl"], r"train.balance_by='task' but prompt 1 of '.*mixed.jsonl' has no metadata 'task' while others do"),
     (["rewards=[{{name: toy_dence}}]"], r"unknown reward 'toy_dence' in rewards\[0\].name; did you mean 'toy_dense'\?"),
     (["eval.reward=pickscor"], r"unknown reward 'pickscor' in eval.reward; did you mean 'pickscore'\?"),
@@ -196,6 +203,17 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
                      "--samples-per-prompt must be", "build it with", "threads=-1 is not allowed", "is not UTF-8 text", "cannot be created", "could not be loaded", "cannot load as a pipeline",
                      "already holds a run with another configuration", "no valid reward in",
-                     "holds a pretraining of other model sizes", "could not write checkpoint", "cannot be read (", "could not be built"):
+                     "holds a pretraining of other model sizes", "could not write checkpoint", "cannot be read (", "could not be built", "holds the control character", "is a prompt of", "a prompt set may be", "lacks transformer/"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
+
+
+def test_a_model_folder_missing_a_component_names_it(tiny_sd3_dir, tmp_path, capsys):
+    """model_index.json names a transformer whose folder is gone (an interrupted copy): one line naming it."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_sd3_dir, model, ignore=shutil.ignore_patterns("transformer"))
+    assert _train_t2i()([f"model.pretrained={model}", f"output_dir={tmp_path}/runs", "log.progress=false"]) == 2
+    assert re.search(r"model.pretrained='.*model' lacks transformer/: its model_index.json names this component but "
+                     r"the folder is not there .*download or copy the whole model again", _one_line(capsys.readouterr().err))
