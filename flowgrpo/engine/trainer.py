@@ -33,6 +33,7 @@ from flowgrpo.engine.learners import Rollouts, build_learner
 from flowgrpo.engine.noise_scale import NoiseReport
 from flowgrpo.engine.policy import Policy
 from flowgrpo.engine.scoring import Scoring
+from flowgrpo.models.memory import check_before_rollout
 from flowgrpo.run.checkpoint import checkpoint_dirs
 from flowgrpo.run.interrupts import Interrupted, StopSignals, denoisers
 from flowgrpo.run.run_dir import RunWriter, check_run_config, require_video_writer
@@ -191,6 +192,10 @@ class Trainer:
         self.writer.info(describe_batches(cfg, self.world, counts["leaves"],
                                           self.learner.describe(counts["leaves"], counts["trained"])))
         self.writer.info(startup_line())  # torch's CPU threads and why (flowgrpo/run/threads.py)
+        # before the first rollout: a run that cannot fit the GPU is refused with the numbers (flowgrpo/models/memory.py)
+        first = self.schedule.plan(self.iteration)
+        check_before_rollout(cfg, self.model, self.world, self.policy.sharding is not None, counts["leaves"],
+                             first.num_steps, self.writer.warn)
         self.writer.write_config(to_yaml(cfg), self.iteration, schema_defaults())  # changes: config_history.jsonl
         # SIGINT/SIGTERM: stop at the next model call, save, and tell the entry point (flowgrpo/run/interrupts.py)
         self._steps_at_checkpointable = self.policy.optimizer_steps + self.policy.skipped_steps

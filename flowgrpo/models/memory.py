@@ -783,3 +783,65 @@ def plan_for_bench(model_name: str, finetune: Optional[str] = None) -> dict:
             "activations": {"ckpt": p.activations_per_sample["checkpointing"],
                             "full": p.activations_per_sample["no checkpointing"]},
             "params": p.params["transformer"], "trainable": p.trainable_params}
+
+
+# ----------------------------------------------------------------------------- before the first rollout
+# the largest ratio of the plan to the measured peak on an H100 (docs/results/scaling.md): the plan errs on the
+# safe side, so a run is refused only when even the plan divided by it does not fit
+PLAN_OVER_MEASURED = 1.45
+
+
+def pipeline_configs(pipeline) -> dict[str, dict]:
+    """The component configurations of a loaded pipeline, as :func:`architecture_from_configs` reads them."""
+    import torch
+
+    configs = {}
+    for name, module in pipeline.components.items():
+        config = getattr(module, "config", None)
+        if not isinstance(module, torch.nn.Module):  # schedulers, tokenizers
+            continue
+        if isinstance(config, dict) and "_class_name" in config:  # a diffusers model
+            configs[name] = dict(config)
+        elif hasattr(config, "to_dict"):  # a transformers model
+            configs[name] = {**config.to_dict(), "architectures": [type(module).__name__]}
+    return configs
+
+
+def memory_verdict(planned: int, available: int) -> str:
+    """'fits' (the plan fits), 'tight' (only the plan's measured overestimate makes it fit) or 'no'."""
+    if planned <= available:
+        return "fits"
+    return "tight" if planned / PLAN_OVER_MEASURED <= available else "no"
+
+
+def check_before_rollout(cfg, model, processes: int, sharded: bool, group: int, steps: int, warn) -> str | None:
+    """Compare the iteration's planned memory per GPU with what the device has (free, plus what this process holds
+    already: the loaded model), before the first rollout. A run that cannot fit is refused (a UserError with the
+    numbers and the keys to change); one that fits only by the plan's overestimate is a warning. Families without
+    an activation inventory (PLANNED_FAMILIES) and CPU runs are not checked. Returns the verdict (None: unchecked)."""
+    import torch
+
+    device = torch.device(model.device)
+    if device.type != "cuda" or cfg.model.family not in PLANNED_FAMILIES or getattr(model, "pipeline", None) is None:
+        return None
+    from flowgrpo.run.errors import UserError
+
+    free, _ = torch.cuda.mem_get_info(device)
+    available = free + torch.cuda.memory_allocated(device)
+    arch = architecture_from_configs(cfg.model.family, pipeline_configs(model.pipeline), "the loaded pipeline")
+    result = plan(arch, cfg.model, processes, sharded, gpu_memory=available / GIB, group=group,
+                  micro_batch=cfg.train.micro_batch, steps=steps, margin=0.0,
+                  train_cfg=getattr(cfg.learner, "train_guidance", "conditional") != "conditional")
+    verdict = memory_verdict(result.total, available)
+    numbers = (f"the memory plan puts this iteration at {gib(result.total)} GiB per GPU (weights and optimizer "
+               f"{gib(result.fixed)} GiB, the group's rollout {gib(result.rollout_record + result.rollout_forward)} GiB, a "
+               f"training micro-batch {gib(result.training_activations)} GiB) and this GPU has {gib(available)} GiB")
+    fix = (f"lower sampling.plan.group_size (at most {result.max_group} fits) or train.micro_batch (at most "
+           f"{result.max_micro_batch}), enable model.gradient_checkpointing, or shard over more GPUs (docs/memory.md)")
+    if verdict == "no":
+        raise UserError(f"this run cannot fit: {numbers}, less than the plan's {gib(result.total / PLAN_OVER_MEASURED)} GiB "
+                        f"lower bound; {fix}")
+    if verdict == "tight":
+        warn(f"memory is tight: {numbers}; it fits only if the plan overestimates (it has by up to "
+             f"{PLAN_OVER_MEASURED}x); if it runs out of memory, {fix}")
+    return verdict

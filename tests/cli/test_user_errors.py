@@ -203,7 +203,7 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
                      "--samples-per-prompt must be", "build it with", "threads=-1 is not allowed", "is not UTF-8 text", "cannot be created", "could not be loaded", "cannot load as a pipeline",
                      "already holds a run with another configuration", "no valid reward in",
-                     "holds a pretraining of other model sizes", "could not write checkpoint", "cannot be read (", "could not be built", "holds the control character", "is a prompt of", "a prompt set may be", "lacks transformer/"):
+                     "holds a pretraining of other model sizes", "could not write checkpoint", "cannot be read (", "could not be built", "holds the control character", "is a prompt of", "a prompt set may be", "lacks transformer/", "this run cannot fit"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
 
