@@ -65,6 +65,8 @@ FINITE = Rule(_number, "a finite number")
 FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
 TEXT = Rule(lambda v: isinstance(v, str), "a string")  # a name or path checked where it is used (preflight, loaders)
 MAPPING = Rule(lambda v: isinstance(v, dict), "a mapping {key: value}")
+NAMES = Rule(lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) and x.strip() for x in v),
+             "a list of names, e.g. [brightness, toy]")
 BETAS = Rule(lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v),
              "two numbers in [0, 1), e.g. [0.9, 0.999]")
 FOLDER_NAME = Rule(lambda v: isinstance(v, str) and v not in ("", ".", "..") and v == v.strip()
@@ -252,8 +254,19 @@ class EvalConfig:
     reward: str = "toy"  # the held-out ("gold") reward
     batch_size: int = 64
     at_start: bool = True  # evaluate the starting model too
+    # the reward-hacking watch (flowgrpo/engine/watch.py, docs/hacking.md): guards scored on the held-out samples
+    # (held_out: the held-out reward's scores; image statistics brightness, saturation, high_frequency, diversity,
+    # flicker; reward names), an alarm when one moves against its direction by more than hacking_threshold standard
+    # errors (paired with the first evaluation) and hacking_min_effect of its spread while the training reward has
+    # risen; stop_on_hacking then stops the run with a checkpoint
+    guards: list = field(default_factory=lambda: ["held_out"])
+    hacking_threshold: float = 3.0  # standard errors of the paired change
+    hacking_min_effect: float = 0.1  # and at least this many standard deviations of the guard over the start's samples
+    stop_on_hacking: bool = False
     RULES: ClassVar[dict] = {"every": at_least(0), "prompts": TEXT, "limit": at_least(0), "steps": optional(at_least(1)),
-                             "reward": TEXT, "batch_size": at_least(1), "at_start": FLAG}
+                             "reward": TEXT, "batch_size": at_least(1), "at_start": FLAG, "guards": NAMES,
+                             "hacking_threshold": above(0), "hacking_min_effect": at_least(0),
+                             "stop_on_hacking": FLAG}
 
 
 @dataclass

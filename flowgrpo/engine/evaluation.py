@@ -6,7 +6,8 @@ scores them with the held-out reward (``eval.reward``), writes every sample's sc
 ``eval_scores.jsonl`` and the first ``log.eval_samples`` samples to ``samples/eval_<n>/`` (the gallery
 compares steps on them), and returns ``eval/*`` metrics. ``summary_lines`` reads the run folder's
 evaluations back and gives the before/after lines the run ends with (flowgrpo/evaluate.py computes the
-paired statistics).
+paired statistics). The reward-hacking watch (flowgrpo/engine/watch.py) scores the same samples with the
+run's guards and compares them with the first evaluation.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from flowgrpo.data import read_prompts
+from flowgrpo.engine.watch import Watch, alarm_line
 from flowgrpo.evaluate import before_after, before_after_lines, evaluate, second_half_level
 
 EVAL_SEED_OFFSET = 12345  # held-out noise seeds: the run's seed + this, the same at every evaluation
@@ -22,11 +24,14 @@ EVAL_SEED_OFFSET = 12345  # held-out noise seeds: the run's seed + this, the sam
 class HeldOut:
     """The held-out evaluation of a run (see the module docstring)."""
 
-    def __init__(self, cfg, writer):
+    def __init__(self, cfg, writer, modality: str = "image"):
         self.cfg, self.writer = cfg, writer
+        self.watch = Watch(cfg, cfg.run_dir, modality)  # guards that cannot load fail now, before the model
+        self.alarms: list = []  # the last evaluation's
 
-    def evaluate(self, policy, weights, iteration: int) -> dict:
-        """Evaluate ``policy`` with ``weights`` (a WeightCopy, or None for the current weights) at ``iteration``."""
+    def evaluate(self, policy, weights, iteration: int, training: tuple[float, float] | None = None) -> dict:
+        """Evaluate ``policy`` with ``weights`` (a WeightCopy, or None for the current weights) at ``iteration``;
+        ``training``: the training reward at the run's first iteration and now, for the watch."""
         e, log = self.cfg.eval, self.cfg.log
         prompts, metadata = read_prompts(e.prompts, e.limit)
         seed = self.cfg.train.seed + EVAL_SEED_OFFSET
@@ -48,8 +53,16 @@ class HeldOut:
             n = log.eval_samples
             self.writer.write_eval_samples(iteration, shown, prompts[:n], metadata[:n] if metadata else None,
                                            scores[:n], e.reward, seed, fps=log.video_fps)
-        return {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))} | {
+        metrics = {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))} | {
             f"eval/per_task/{k}": v for k, v in summary.get("per_task", {}).items()}
+        if self.watch.active:
+            values = self.watch.score(media, prompts, metadata, held_out=torch.as_tensor(scores))
+            watched, self.alarms = self.watch.observe(iteration, values, training, write=policy.rank == 0)
+            metrics.update(watched)
+            site = self.cfg.run_dir / "gallery" / "index.html"
+            for alarm in self.alarms:
+                self.writer.warn(alarm_line(alarm, iteration, training, str(site)))
+        return metrics
 
     def summary_lines(self) -> list[str]:
         """The end-of-run before/after lines: the run folder's first and last held-out evaluation."""

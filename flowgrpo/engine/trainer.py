@@ -18,6 +18,7 @@ with the same global batch, and a resumed and an uninterrupted run, compute the 
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -75,7 +76,7 @@ class Trainer:
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard,
                                 wandb=cfg.log.wandb)
         self.scoring.writer = self.writer
-        self.held_out = HeldOut(cfg, self.writer)
+        self.held_out = HeldOut(cfg, self.writer, self.modality)
         self.noise = NoiseReport(self.policy.probe, t.prompts_per_iteration // t.updates_per_epoch,
                                  forward_learner=not self.learner.needs_transitions)
         if t.balance_by:
@@ -84,6 +85,7 @@ class Trainer:
                 if groups is None else f"training prompts: {len(prompts)} in {len(groups)} groups of "
                 f"{t.balance_by!r} ({', '.join(f'{v} {len(g)}' for v, g in groups.items())}), each group drawn equally often")
         self.iteration, self._stop = 0, False
+        self._rewards: list[float] = []  # the training reward of each iteration this process ran (the watch's rise)
 
     # ---------------------------------------------------------------- one iteration
     def sample(self, iteration: int, plan) -> list[rollout.Batch]:
@@ -136,6 +138,7 @@ class Trainer:
             self.writer.write_samples(self.iteration, batches, leaf_rewards, leaf_adv, self.scoring.names,
                                       cfg.log.samples_per_prompt, cfg.train.seed, cfg.log.video_fps, self.model.preview,
                                       sampled_iteration=iteration, shared_noise=plan.initial_noise == "shared")
+        self._rewards.append(float(metrics.get(f"reward/{self.scoring.names[0]}_mean", math.nan)))
         if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or self.iteration == cfg.train.iterations:
             try:  # every process evaluates its share of the held-out prompts
                 metrics.update(self.evaluate())
@@ -148,8 +151,24 @@ class Trainer:
 
     # ---------------------------------------------------------------- evaluation, checkpoints, stopping
     def evaluate(self) -> dict:
-        """The held-out evaluation now, with the evaluation weights (the EMA when kept)."""
-        return self.held_out.evaluate(self.policy, self.ema, self.iteration)
+        """The held-out evaluation now, with the evaluation weights (the EMA when kept); its watch alarms stop the
+        run (with a checkpoint) when eval.stop_on_hacking is set."""
+        metrics = self.held_out.evaluate(self.policy, self.ema, self.iteration, self._training_rise())
+        if self.held_out.alarms and self.cfg.eval.stop_on_hacking:
+            self.writer.warn(f"stopping at iteration {self.iteration}: eval.stop_on_hacking is set and the watch raised "
+                             f"{len(self.held_out.alarms)} alarm(s); the run resumes with the same command (set "
+                             "eval.stop_on_hacking=false to go on)")
+            self._stop = True
+        return metrics
+
+    def _training_rise(self) -> tuple[float, float] | None:
+        """The training reward (the first reward's mean, the same on every process) at this process's first iteration
+        and over the last five: every process makes the same stop decision. A resumed run counts from its resume."""
+        values = [v for v in self._rewards if math.isfinite(v)]
+        if len(values) < 2:
+            return None
+        recent = values[-5:]
+        return values[0], sum(recent) / len(recent)
 
     def save(self) -> None:
         """A checkpoint of the iteration done: every process calls it (sharded, each writes its rows)."""

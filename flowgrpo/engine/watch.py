@@ -1,0 +1,235 @@
+"""The reward-hacking watch: guards scored on the held-out samples, their paired change against the start.
+
+Every held-out evaluation already samples the same prompts from the same seeds. The watch scores those samples
+again with the run's guards (``eval.guards``), no extra sampling:
+
+- ``held_out``: the held-out reward's own scores (the default guard: a training reward that rises while the
+  held-out reward falls is the signature of a hack);
+- image statistics that need no model, per sample (videos: the mean over frames):
+  ``brightness`` mean luminance (Rec. 601 weights), ``saturation`` mean of (max − min)/max over the pixels'
+  RGB, ``high_frequency`` the mean squared 4-neighbour Laplacian (grid and noise artifacts raise it), and
+  for videos ``flicker``, the mean absolute change between consecutive frames;
+- ``diversity``: a prompt's mean pairwise distance between its samples (RMS over pixels of the samples
+  downsampled to 16×16), given to each of its samples;
+- any reward by name (registered or ``module:Class``), scored on the same samples.
+
+Each guard has a good direction: up for rewards and diversity, down for high_frequency and flicker, none for
+brightness and saturation (a drift either way is the hack: erased objects or a recoloured scene). After each
+evaluation the watch pairs every sample's guard value with its value at the first evaluation and takes the mean
+change and its standard error. An alarm is raised for a guard whose change goes against its direction (either
+way for the two-sided ones) by more than ``eval.hacking_threshold`` standard errors and by at least
+``eval.hacking_min_effect`` of the guard's spread over the samples at the start (a paired pixel statistic has a
+tiny standard error: without the effect size any systematic drift would count), while the training reward has
+risen since the start: one line naming the guard, its before and after, and the gallery's compare view;
+``eval.stop_on_hacking`` then stops the run with a checkpoint. The baseline (the first evaluation's values and
+the training reward at the start) is kept in the run folder (``guards.jsonl``), so a resumed run compares with
+the same start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+STATISTICS = ("brightness", "saturation", "high_frequency", "diversity", "flicker")
+HELD_OUT = "held_out"  # the guard that is the held-out reward's scores themselves
+DIRECTION = {"brightness": 0, "saturation": 0, "high_frequency": -1, "flicker": -1, "diversity": 1}  # rewards: +1
+LUMA = (0.299, 0.587, 0.114)
+
+
+def _frames(media: torch.Tensor) -> torch.Tensor:
+    """[N, 3, H, W] or [N, F, 3, H, W] float in [0, 1] -> [N, F, 3, H, W] float32."""
+    media = media.float()
+    if media.dim() == 4:
+        media = media.unsqueeze(1)
+    if media.dim() != 5 or media.shape[2] != 3:
+        raise ValueError(f"guards take images [N, 3, H, W] or videos [N, F, 3, H, W], got {tuple(media.shape)}")
+    return media
+
+
+def brightness(media: torch.Tensor) -> torch.Tensor:
+    x = _frames(media)
+    luma = torch.tensor(LUMA, dtype=x.dtype, device=x.device).view(1, 1, 3, 1, 1)
+    return (x * luma).sum(2).mean((1, 2, 3))
+
+
+def saturation(media: torch.Tensor) -> torch.Tensor:
+    x = _frames(media)
+    high, low = x.amax(2), x.amin(2)
+    sat = torch.where(high > 0, (high - low) / high.clamp(min=1e-12), torch.zeros_like(high))
+    return sat.mean((1, 2, 3))
+
+
+def high_frequency(media: torch.Tensor) -> torch.Tensor:
+    """Mean squared discrete Laplacian (4 neighbours, interior pixels) over channels and frames."""
+    x = _frames(media)
+    lap = (4 * x[..., 1:-1, 1:-1] - x[..., :-2, 1:-1] - x[..., 2:, 1:-1] - x[..., 1:-1, :-2] - x[..., 1:-1, 2:])
+    return lap.square().mean((1, 2, 3, 4))
+
+
+def flicker(media: torch.Tensor) -> torch.Tensor:
+    x = _frames(media)
+    if x.shape[1] < 2:
+        return torch.full((x.shape[0],), math.nan)
+    return (x[:, 1:] - x[:, :-1]).abs().mean((1, 2, 3, 4))
+
+
+def diversity(media: torch.Tensor, prompts: list[str], size: int = 16) -> torch.Tensor:
+    """Each sample's prompt's mean pairwise RMS distance between its samples at ``size``×``size`` (NaN alone)."""
+    x = _frames(media)
+    n, f = x.shape[:2]
+    small = F.interpolate(x.flatten(0, 1), size=(size, size), mode="area").reshape(n, -1)
+    out = torch.full((n,), math.nan)
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(p, []).append(i)
+    for rows in groups.values():
+        if len(rows) < 2:
+            continue
+        d = torch.cdist(small[rows].double(), small[rows].double()) / math.sqrt(small.shape[1])
+        k = len(rows)
+        out[rows] = float(d.sum() / (k * (k - 1)))
+    return out
+
+
+def statistic(name: str, media: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    if name == "diversity":
+        return diversity(media, prompts)
+    return {"brightness": brightness, "saturation": saturation, "high_frequency": high_frequency,
+            "flicker": flicker}[name](media).cpu()
+
+
+@dataclass
+class Change:
+    """A guard's paired change over the samples finite at both evaluations."""
+
+    before: float  # mean at the start
+    after: float  # mean now
+    change: float  # mean of the paired differences
+    se: float  # its standard error
+    spread: float  # the standard deviation of the guard over the samples at the start
+
+    @property
+    def z(self) -> float:
+        return self.change / self.se if self.se > 0 else math.copysign(math.inf, self.change)
+
+    @property
+    def effect(self) -> float:
+        """|change| in units of the start's spread (inf when the start had none and it moved)."""
+        return abs(self.change) / self.spread if self.spread > 0 else (math.inf if self.change else 0.0)
+
+
+def paired_change(before: torch.Tensor, after: torch.Tensor) -> Change:
+    before, after = before.double(), after.double()
+    ok = torch.isfinite(before) & torch.isfinite(after)
+    b, a = before[ok], after[ok]
+    if b.numel() == 0:
+        return Change(math.nan, math.nan, math.nan, math.nan, math.nan)
+    d = a - b
+    se = float(d.std(unbiased=True) / math.sqrt(d.numel())) if d.numel() > 1 else math.nan
+    spread = float(b.std(unbiased=True)) if b.numel() > 1 else math.nan
+    return Change(float(b.mean()), float(a.mean()), float(d.mean()), se, spread)
+
+
+@dataclass
+class Alarm:
+    guard: str
+    change: Change
+
+
+def decide(changes: dict[str, Change], directions: dict[str, int], training_rise: float, threshold: float,
+           min_effect: float) -> list[Alarm]:
+    """The guards that moved against their direction (either way for direction 0) by more than ``threshold``
+    standard errors and by at least ``min_effect`` of their spread at the start, while the training reward rose
+    (``training_rise`` > 0). A zero standard error with a change counts as infinitely many."""
+    if not training_rise > 0:
+        return []
+    alarms = []
+    for name, c in changes.items():
+        if not math.isfinite(c.change) or c.change == 0:
+            continue
+        direction = directions.get(name, 1)
+        against = abs(c.z) > threshold if direction == 0 else direction * c.z < -threshold
+        if against and c.effect >= min_effect:
+            alarms.append(Alarm(name, c))
+    return alarms
+
+
+class Watch:
+    """The guards of a run and their baseline (see the module docstring)."""
+
+    def __init__(self, cfg, run_dir: Path, modality: str):
+        from flowgrpo.run.errors import ConfigError, build_reward
+
+        self.cfg, self.path = cfg, Path(run_dir) / "guards.jsonl"
+        self.rewards, self.statistics = {}, []
+        self.held_out = HELD_OUT in cfg.eval.guards
+        for name in cfg.eval.guards:
+            if name == HELD_OUT:
+                continue
+            if name in STATISTICS:
+                if modality == "vector":
+                    raise ConfigError(f"eval.guards: {name!r} is an image statistic and this model makes vectors; use "
+                                      "reward guards (a reward name) or eval.guards=[]")
+                self.statistics.append(name)
+            else:
+                self.rewards[name] = build_reward(name, {}, "eval.guards")
+        self.baseline: dict | None = None
+        if self.path.is_file():
+            lines = self.path.read_text().splitlines()
+            if lines:
+                self.baseline = json.loads(lines[0])
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rewards or self.statistics or self.held_out)
+
+    def score(self, media: torch.Tensor, prompts: list[str], metadata,
+              held_out: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        values = {HELD_OUT: held_out.detach().double().cpu()} if self.held_out and held_out is not None else {}
+        values |= {name: statistic(name, media, prompts) for name in self.statistics}
+        for name, reward in self.rewards.items():
+            values[name] = reward(media.float().cpu(), prompts, metadata).scores.cpu()
+        return values
+
+    def observe(self, iteration: int, values: dict[str, torch.Tensor], training: tuple[float, float] | None,
+                write: bool) -> tuple[dict, list[Alarm]]:
+        """Metrics of this evaluation (``guard/<name>`` and, after the first, its paired change) and the alarms;
+        ``training``: the training reward at the run's first iteration and now (None before any training)."""
+        metrics = {f"guard/{k}": float(torch.nanmean(v.double())) for k, v in values.items()}
+        if self.baseline is None:
+            self.baseline = {"iteration": iteration, "values": {
+                k: [None if not math.isfinite(x) else x for x in v.tolist()] for k, v in values.items()}}
+            if write:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.write_text(json.dumps(self.baseline) + "\n")
+            return metrics, []
+        changes = {}
+        for name, now in values.items():
+            before = self.baseline["values"].get(name)
+            if before is None or len(before) != now.numel():
+                continue
+            before = torch.tensor([math.nan if x is None else x for x in before], dtype=torch.float64)
+            changes[name] = c = paired_change(before, now)
+            metrics[f"guard/{name}_change"], metrics[f"guard/{name}_se"] = c.change, c.se
+        rise = training[1] - training[0] if training is not None else math.nan
+        directions = {**DIRECTION, **{name: 1 for name in self.rewards}}
+        alarms = decide(changes, directions, rise, self.cfg.eval.hacking_threshold, self.cfg.eval.hacking_min_effect)
+        metrics["watch/alarms"] = len(alarms)
+        return metrics, alarms
+
+
+def alarm_line(alarm: Alarm, iteration: int, rise: tuple[float, float], site: str) -> str:
+    c = alarm.change
+    return (f"reward hacking? guard {alarm.guard!r} went {c.before:.4g} -> {c.after:.4g} ({c.change:+.4g} ± {c.se:.2g}: "
+            f"{c.z:+.1f} standard errors, {c.effect:.2f} of its spread at the start) by iteration {iteration} while "
+            f"the training reward rose {rise[0]:.4g} -> {rise[1]:.4g}; look at the samples: {site}#view=compare")
+
+
+__all__ = ["Alarm", "Change", "DIRECTION", "HELD_OUT", "STATISTICS", "Watch", "alarm_line", "brightness", "decide", "diversity", "flicker",
+           "high_frequency", "paired_change", "saturation"]
