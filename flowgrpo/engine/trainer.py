@@ -207,14 +207,14 @@ class Trainer:
     def train(self) -> dict:
         cfg = self.cfg
         resumed = self.resume()
-        counts = self.schedule.plan(self.iteration).counts()
+        first = self.schedule.plan(self.iteration)
+        counts = first.counts()
+        # before the first rollout: a run that cannot fit the device is refused with the numbers (flowgrpo/models/memory.py)
+        check_before_rollout(cfg, self.model, self.world, self.policy.sharding is not None, counts["leaves"],
+                             first.num_steps, self.writer.warn)
         self.writer.info(describe_batches(cfg, self.world, counts["leaves"],
                                           self.learner.describe(counts["leaves"], counts["trained"])))
         self.writer.info(startup_line())  # torch's CPU threads and why (flowgrpo/run/threads.py)
-        # before the first rollout: a run that cannot fit the GPU is refused with the numbers (flowgrpo/models/memory.py)
-        first = self.schedule.plan(self.iteration)
-        check_before_rollout(cfg, self.model, self.world, self.policy.sharding is not None, counts["leaves"],
-                             first.num_steps, self.writer.warn)
         self.writer.write_config(to_yaml(cfg), self.iteration, schema_defaults())  # changes: config_history.jsonl
         # SIGINT/SIGTERM: stop at the next model call, save, and tell the entry point (flowgrpo/run/interrupts.py)
         self._steps_at_checkpointable = self.policy.optimizer_steps + self.policy.skipped_steps

@@ -814,28 +814,50 @@ def memory_verdict(planned: int, available: int) -> str:
     return "tight" if planned / PLAN_OVER_MEASURED <= available else "no"
 
 
+def host_memory() -> tuple[int, int] | None:
+    """(bytes the kernel says are available, bytes this process holds) on Linux; None elsewhere."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
+    resident = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return (available, resident) if available is not None else None
+
+
 def check_before_rollout(cfg, model, processes: int, sharded: bool, group: int, steps: int, warn) -> str | None:
-    """Compare the iteration's planned memory per GPU with what the device has (free, plus what this process holds
-    already: the loaded model), before the first rollout. A run that cannot fit is refused (a UserError with the
-    numbers and the keys to change); one that fits only by the plan's overestimate is a warning. Families without
-    an activation inventory (PLANNED_FAMILIES) and CPU runs are not checked. Returns the verdict (None: unchecked)."""
+    """Compare the iteration's planned memory per device with what the device has (free, plus what this process
+    holds already: the loaded model), before the first rollout: a GPU's memory, or on the CPU the host's (Linux).
+    A run that cannot fit is refused (a UserError with the numbers and the keys to change); one that fits only by
+    the plan's overestimate is a warning. Families without an activation inventory (PLANNED_FAMILIES) are not
+    checked. Returns the verdict (None: unchecked)."""
     import torch
 
     device = torch.device(model.device)
-    if device.type != "cuda" or cfg.model.family not in PLANNED_FAMILIES or getattr(model, "pipeline", None) is None:
+    if device.type not in ("cuda", "cpu") or cfg.model.family not in PLANNED_FAMILIES or \
+            getattr(model, "pipeline", None) is None:
         return None
     from flowgrpo.run.errors import UserError
 
-    free, _ = torch.cuda.mem_get_info(device)
-    available = free + torch.cuda.memory_allocated(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        available = free + torch.cuda.memory_allocated(device)
+    else:
+        host = host_memory()
+        if host is None:
+            return None
+        available = host[0] + host[1]
     arch = architecture_from_configs(cfg.model.family, pipeline_configs(model.pipeline), "the loaded pipeline")
     result = plan(arch, cfg.model, processes, sharded, gpu_memory=available / GIB, group=group,
                   micro_batch=cfg.train.micro_batch, steps=steps, margin=0.0,
                   train_cfg=getattr(cfg.learner, "train_guidance", "conditional") != "conditional")
     verdict = memory_verdict(result.total, available)
-    numbers = (f"the memory plan puts this iteration at {gib(result.total)} GiB per GPU (weights and optimizer "
+    where = "GPU" if device.type == "cuda" else "process"
+    numbers = (f"the memory plan puts this iteration at {gib(result.total)} GiB per {where} (weights and optimizer "
                f"{gib(result.fixed)} GiB, the group's rollout {gib(result.rollout_record + result.rollout_forward)} GiB, a "
-               f"training micro-batch {gib(result.training_activations)} GiB) and this GPU has {gib(available)} GiB")
+               f"training micro-batch {gib(result.training_activations)} GiB) and "
+               f"{'this GPU has' if device.type == 'cuda' else 'the host has'} {gib(available)} GiB")
     fix = (f"lower sampling.plan.group_size (at most {result.max_group} fits) or train.micro_batch (at most "
            f"{result.max_micro_batch}), enable model.gradient_checkpointing, or shard over more GPUs (docs/memory.md)")
     if verdict == "no":

@@ -217,3 +217,18 @@ def test_a_model_folder_missing_a_component_names_it(tiny_sd3_dir, tmp_path, cap
     assert _train_t2i()([f"model.pretrained={model}", f"output_dir={tmp_path}/runs", "log.progress=false"]) == 2
     assert re.search(r"model.pretrained='.*model' lacks transformer/: its model_index.json names this component but "
                      r"the folder is not there .*download or copy the whole model again", _one_line(capsys.readouterr().err))
+
+
+def test_a_group_too_large_for_the_memory_is_one_line_before_the_first_rollout(files, capsys):
+    """The Why of issue 36: group_size=100000 started sampling 800,000 images with no word. The memory plan, checked
+    after the model loads and before anything is sampled (here against the host's memory), refuses it in one line."""
+    from flowgrpo.models.memory import host_memory
+
+    if host_memory() is None:
+        pytest.skip("no /proc/meminfo")
+    argv = ["sampling.plan.group_size=100000", f"output_dir={files}/runs", "log.progress=false"]
+    assert _train_t2i()(argv) == 2
+    assert re.search(r"this run cannot fit: the memory plan puts this iteration at [0-9.]+ GiB per process .* and the "
+                     r"host has [0-9.]+ GiB, less than .*lower sampling.plan.group_size \(at most \d+ fits\)",
+                     _one_line(capsys.readouterr().err))
+    assert not list((files / "runs").glob("*/samples"))  # nothing was sampled

@@ -58,10 +58,10 @@ def test_a_run_that_cannot_fit_is_refused_with_the_numbers_and_the_keys(monkeypa
     assert "train.micro_batch (at most " in message and "docs/memory.md" in message
 
 
-def test_cpu_runs_and_families_without_an_inventory_are_not_checked(monkeypatch, setup):
+def test_other_devices_and_families_without_an_inventory_are_not_checked(monkeypatch, setup):
     cfg, model, _ = setup
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, 0))
-    assert check_before_rollout(cfg, SimpleNamespace(device="cpu", pipeline=model.pipeline), 1, False, 8, 10, print) is None
+    assert check_before_rollout(cfg, SimpleNamespace(device="meta", pipeline=model.pipeline), 1, False, 8, 10, print) is None
     other = SimpleNamespace(**{**vars(cfg)})
     other.model = SimpleNamespace(**{**vars(cfg.model), "family": "qwen_image"})
     assert check_before_rollout(other, model, 1, False, 8, 10, print) is None
@@ -76,3 +76,13 @@ def test_the_loaded_pipeline_reads_as_its_folder_does(setup, tiny_sd3_dir):
     folder = read_architecture(cfg.model, folder=tiny_sd3_dir)
     assert sorted(loaded.components, key=str) == sorted(folder.components, key=str)
     assert loaded.linears == folder.linears and loaded.blocks == folder.blocks and loaded.geometry == folder.geometry
+
+
+def test_on_the_cpu_the_host_memory_is_the_device(setup):
+    """A CPU run is checked against the host's available memory (Linux /proc/meminfo): the tiny model's plan fits."""
+    from flowgrpo.models.memory import host_memory
+
+    cfg, model, _ = setup
+    if host_memory() is None:
+        pytest.skip("no /proc/meminfo")
+    assert check_before_rollout(cfg, SimpleNamespace(device="cpu", pipeline=model.pipeline), 1, False, 8, 10, print) == "fits"
