@@ -5,7 +5,7 @@ again with the run's guards (``eval.guards``), no extra sampling:
 
 - ``held_out``: the held-out reward's own scores (the default guard: a training reward that rises while the
   held-out reward falls is the signature of a hack);
-- image statistics that need no model, per sample (videos: the mean over frames):
+- image statistics that need no model (rewards/stats.py), per sample (videos: the mean over frames):
   ``brightness`` mean luminance (Rec. 601 weights), ``saturation`` mean of (max − min)/max over the pixels'
   RGB, ``high_frequency`` the mean squared 4-neighbour Laplacian (grid and noise artifacts raise it), and
   for videos ``flicker``, the mean absolute change between consecutive frames;
@@ -34,69 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+
+from rewards.stats import brightness, diversity, flicker, high_frequency, saturation
 
 STATISTICS = ("brightness", "saturation", "high_frequency", "diversity", "flicker")
 HELD_OUT = "held_out"  # the guard that is the held-out reward's scores themselves
 DIRECTION = {"brightness": 0, "saturation": 0, "high_frequency": -1, "flicker": -1, "diversity": 1}  # rewards: +1
-LUMA = (0.299, 0.587, 0.114)
-
-
-def _frames(media: torch.Tensor) -> torch.Tensor:
-    """[N, 3, H, W] or [N, F, 3, H, W] float in [0, 1] -> [N, F, 3, H, W] float32."""
-    media = media.float()
-    if media.dim() == 4:
-        media = media.unsqueeze(1)
-    if media.dim() != 5 or media.shape[2] != 3:
-        raise ValueError(f"guards take images [N, 3, H, W] or videos [N, F, 3, H, W], got {tuple(media.shape)}")
-    return media
-
-
-def brightness(media: torch.Tensor) -> torch.Tensor:
-    x = _frames(media)
-    luma = torch.tensor(LUMA, dtype=x.dtype, device=x.device).view(1, 1, 3, 1, 1)
-    return (x * luma).sum(2).mean((1, 2, 3))
-
-
-def saturation(media: torch.Tensor) -> torch.Tensor:
-    x = _frames(media)
-    high, low = x.amax(2), x.amin(2)
-    sat = torch.where(high > 0, (high - low) / high.clamp(min=1e-12), torch.zeros_like(high))
-    return sat.mean((1, 2, 3))
-
-
-def high_frequency(media: torch.Tensor) -> torch.Tensor:
-    """Mean squared discrete Laplacian (4 neighbours, interior pixels) over channels and frames."""
-    x = _frames(media)
-    lap = (4 * x[..., 1:-1, 1:-1] - x[..., :-2, 1:-1] - x[..., 2:, 1:-1] - x[..., 1:-1, :-2] - x[..., 1:-1, 2:])
-    return lap.square().mean((1, 2, 3, 4))
-
-
-def flicker(media: torch.Tensor) -> torch.Tensor:
-    x = _frames(media)
-    if x.shape[1] < 2:
-        return torch.full((x.shape[0],), math.nan)
-    return (x[:, 1:] - x[:, :-1]).abs().mean((1, 2, 3, 4))
-
-
-def diversity(media: torch.Tensor, prompts: list[str], size: int = 16) -> torch.Tensor:
-    """Each sample's prompt's mean pairwise RMS distance between its samples at ``size``×``size`` (NaN alone)."""
-    x = _frames(media)
-    n, f = x.shape[:2]
-    small = F.interpolate(x.flatten(0, 1), size=(size, size), mode="area").reshape(n, -1)
-    out = torch.full((n,), math.nan)
-    groups: dict[str, list[int]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(p, []).append(i)
-    for rows in groups.values():
-        if len(rows) < 2:
-            continue
-        d = torch.cdist(small[rows].double(), small[rows].double()) / math.sqrt(small.shape[1])
-        k = len(rows)
-        out[rows] = float(d.sum() / (k * (k - 1)))
-    return out
-
-
 def statistic(name: str, media: torch.Tensor, prompts: list[str]) -> torch.Tensor:
     if name == "diversity":
         return diversity(media, prompts)
