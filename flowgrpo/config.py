@@ -110,9 +110,16 @@ class AdvantageConfig:
     tree_value: str = "mean"  # BranchGRPO node value: mean of descendant leaves | path_weighted (softmax of β·log p(path))
     tree_beta: float = 1.0  # β of path_weighted node values
     best_of_n: int = 0  # DanceGRPO best-of-N: train only the top n/2 and bottom n/2 samples of each group (0 = all)
+    # a group whose rewards are all equal: skip (not trained on, counted in zero_std_group_fraction) | train (A = 0
+    # rows stay in the loss, as the reference codes do: NFT's r = 1/2 term pulls toward θ_old, a KL term still acts)
+    tied_groups: str = "skip"
+    # GARDO's diversity-aware shaping: positive advantages times the sample's nearest-sibling cosine distance over
+    # its group's mean (features: the decoded samples at 16x16); docs/hacking.md
+    diversity: bool = False
     RULES: ClassVar[dict] = {"std": one_of("group", "global", "none"), "eps": above(0), "clip": above(0),
                              "multi_reward": one_of("gdpo", "zsum", "sum"), "tree_value": one_of("mean", "path_weighted"),
-                             "tree_beta": above(0), "best_of_n": at_least(0)}
+                             "tree_beta": above(0), "best_of_n": at_least(0), "tied_groups": one_of("skip", "train"),
+                             "diversity": FLAG}
 
 
 @dataclass

@@ -57,11 +57,17 @@ def flicker(media: torch.Tensor) -> torch.Tensor:
     return (x[:, 1:] - x[:, :-1]).abs().mean((1, 2, 3, 4))
 
 
+def pixel_features(media: torch.Tensor, size: int = 16) -> torch.Tensor:
+    """[N, F·3·size²]: every frame area-downsampled to ``size``×``size``, in [0, 1] (a feature space any run has)."""
+    x = _frames(media)
+    n = x.shape[0]
+    return F.interpolate(x.flatten(0, 1), size=(size, size), mode="area").reshape(n, -1)
+
+
 def diversity(media: torch.Tensor, prompts: list[str], size: int = 16) -> torch.Tensor:
     """Each sample's prompt's mean pairwise RMS distance between its samples at ``size``×``size`` (NaN alone)."""
-    x = _frames(media)
-    n, f = x.shape[:2]
-    small = F.interpolate(x.flatten(0, 1), size=(size, size), mode="area").reshape(n, -1)
+    small = pixel_features(media, size)
+    n = small.shape[0]
     out = torch.full((n,), math.nan)
     groups: dict[str, list[int]] = {}
     for i, p in enumerate(prompts):

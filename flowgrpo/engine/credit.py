@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rewards.stats import pixel_features
+
 
 @dataclass
 class Advantages:
@@ -33,7 +35,8 @@ class Advantages:
 
 
 def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, weights: torch.Tensor, cfg,
-           tree: bool, gather: Callable[[torch.Tensor], torch.Tensor], rank: int) -> tuple[Advantages, dict]:
+           tree: bool, gather: Callable[[torch.Tensor], torch.Tensor], rank: int,
+           local_features: torch.Tensor | None = None) -> tuple[Advantages, dict]:
     """Advantages of this process's rollout batches and the iteration's statistics.
 
     ``records``: each batch's ``Trajectory`` (its bookkeeping on the CPU); ``slots``: each batch's global
@@ -41,7 +44,13 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
     ``weights`` [K]; ``cfg``: the advantage section of the config; ``tree``: whether the plan branches
     (BranchGRPO's depth-wise values); ``gather``: concatenates a tensor over processes in rank order.
     Statistics are over every process's leaves (identical on 1 or N processes); ``leaf_rewards`` and
-    ``leaf_advantages`` are this process's, for the sample manifests."""
+    ``leaf_advantages`` are this process's, for the sample manifests.
+
+    A group whose signal is the same for every member (``tied``) carries no preference: with
+    ``cfg.tied_groups="skip"`` its samples and transitions get NaN (not trained on, out of every normaliser),
+    with ``"train"`` A = 0 (the reference codes': NFT's r = ½ term still pulls toward θ_old, a KL still acts).
+    ``local_features`` [L, D] (this process's leaves' features, with ``cfg.diversity``) scale the positive
+    advantages by each sample's diversity in its group (``diversity_scale``, GARDO)."""
     gpp = records[0].groups_per_prompt
     local_g = torch.cat([torch.tensor(s)[rec.leaf_prompt] * gpp + rec.leaf_group % gpp for s, rec in zip(slots, records)])
     all_r, all_g = gather(local_rewards), gather(local_g)
@@ -50,9 +59,17 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
     stats["valid_reward_fraction"] = float(torch.isfinite(signal_all).float().mean())  # over every process's leaves
     if all_r.shape[1] > 1 and cfg.multi_reward in ("gdpo", "zsum"):
         leaf_adv_all = signal_all.float()  # the (z-scored) sum of the group z-scores is the advantage itself
+    if cfg.diversity and local_features is not None:
+        scale = diversity_scale(gather(local_features.float()), all_g)
+        leaf_adv_all = torch.where(leaf_adv_all > 0, leaf_adv_all * scale, leaf_adv_all)
+        stats["advantage/diversity_scale_min"] = float(scale.min()) if scale.numel() else float("nan")
+    tied_all = tied_groups(signal_all, all_g)
+    if cfg.tied_groups == "skip":
+        leaf_adv_all = torch.where(tied_all, torch.full_like(leaf_adv_all, float("nan")), leaf_adv_all)
     start = rank * local_rewards.shape[0]
     leaf_adv = leaf_adv_all[start : start + local_rewards.shape[0]]
     signal = signal_all[start : start + local_rewards.shape[0]]
+    untied = ~tied_all[start : start + local_rewards.shape[0]] if cfg.tied_groups == "skip" else None
     out, leaves, offset = [], [], 0
     for rec in records:
         n = rec.num_leaves
@@ -69,6 +86,10 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
             keep = best_of_n_mask(leaf_adv[offset : offset + n], rec.leaf_group, cfg.best_of_n)
             t_adv = torch.where(rec.transition_values(keep.float()) > 0.5, t_adv, torch.full_like(t_adv, float("nan")))
             l_adv = torch.where(keep, l_adv, torch.full_like(l_adv, float("nan")))
+        if untied is not None:  # a tied group (a tree: its node values are all equal) trains none of its transitions
+            mine = untied[offset : offset + n]
+            t_adv = torch.where(rec.transition_values(mine.float()) > 0.5, t_adv, torch.full_like(t_adv, float("nan")))
+            l_adv = torch.where(mine, l_adv, torch.full_like(l_adv, float("nan")))
         out.append(t_adv.clamp(-cfg.clip, cfg.clip))
         leaves.append(l_adv.clamp(-cfg.clip, cfg.clip))
         offset += n
@@ -119,6 +140,38 @@ def group_zscore(
     zero_groups = sum(bool(zero[groups == g].all()) for g in ids.tolist())
     stats = {"zero_std_group_fraction": zero_groups / max(1, len(ids)), "nan_reward_fraction": float((~valid).double().mean())}
     return adv.float(), stats
+
+
+def leaf_features(media: list[torch.Tensor]) -> torch.Tensor:
+    """Features of decoded leaves (one tensor per rollout batch) for ``diversity_scale``: images and videos
+    area-downsampled to 16×16 and centred to [−1, 1]; the analytic world's vectors as they are. -> [L, D]"""
+    return torch.cat([m.flatten(1).float() if m.dim() == 2 else pixel_features(m) * 2 - 1 for m in media])
+
+
+def tied_groups(signal: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Bool [L]: the rows of groups whose non-NaN signal is all one value (population std < 1e-12), or that have
+    fewer than two valid members: no member is preferred to another."""
+    _, std, count = _group_stats(signal, groups)
+    return (std < 1e-12) | (count < 2)
+
+
+def diversity_scale(features: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """GARDO's diversity-aware shaping factor [L]: each sample's cosine distance to its nearest group member,
+    d_i = min_{j≠i} (1 − cos(f_i, f_j)), divided by its group's mean d; 1 in a group of one or of identical
+    samples. ``features`` [L, D]. The caller multiplies the positive advantages by it: a good sample that
+    is also unlike its siblings counts for more, a good copy of a sibling for less (the mean factor is 1)."""
+    f = torch.nn.functional.normalize(features.double().flatten(1), dim=1)
+    scale = torch.ones(f.shape[0], dtype=torch.float64)
+    for g in groups.unique().tolist():
+        rows = (groups == g).nonzero().squeeze(1)
+        if rows.numel() < 2:
+            continue
+        dist = (1 - f[rows] @ f[rows].T).clamp(min=0)
+        dist.fill_diagonal_(float("inf"))
+        nearest = dist.min(1).values
+        if float(nearest.mean()) > 1e-12:
+            scale[rows] = nearest / nearest.mean()
+    return scale.float()
 
 
 def gdpo(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:

@@ -67,6 +67,7 @@ class Scoring:
                                    timeouts={k: spec.timeout_s for k, spec in zip(keys, cfg.rewards)})
         self.errors: dict[str, str] = {}  # reward key -> its last error after retries
         self.rewardless = 0  # consecutive iterations in which no sample got a valid reward
+        self.ties_warned = False  # the tied-groups warning is out and has not cleared
 
     @property
     def names(self) -> list[str]:
@@ -99,6 +100,19 @@ class Scoring:
         limit = self.cfg.train.max_iterations_without_reward
         if limit and self.rewardless >= limit:
             raise NoValidRewardError(self._no_reward_message(iteration, local_rewards))
+
+    def report_ties(self, iteration: int, tied: list[float]) -> None:
+        """One warning when half the groups or more had equal rewards in each of the last 5 iterations (``tied``:
+        their fractions, ``iteration`` the last one's number, from 1); again only once it has cleared."""
+        every = len(tied) == 5 and min(tied) >= 0.5
+        if every and not self.ties_warned:
+            rule = self.cfg.advantage.tied_groups
+            self.writer.warn(
+                f"{sum(tied) / 5:.0%} of the groups had equal rewards over iterations {iteration - 4}-{iteration} "
+                f"({'not trained on' if rule == 'skip' else 'trained with A = 0'}: advantage.tied_groups={rule}); "
+                "the reward cannot tell a group's samples apart: raise sampling.plan.group_size, use a denser reward, "
+                "or check its scores (zero_std_group_fraction in metrics.jsonl)")
+        self.ties_warned = every or (self.ties_warned and max(tied) >= 0.5)
 
     def _no_reward_message(self, iteration: int, local_rewards: torch.Tensor) -> str:
         """Which reward gave nothing (local_rewards [L, K]) and its last error, and the two ways on."""

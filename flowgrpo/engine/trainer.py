@@ -96,8 +96,9 @@ class Trainer:
         """SCORE's results and ADVANTAGE: the iteration's rewards, advantages and their statistics."""
         local_rewards = self.scoring.collect([part for b in batches for part in b.rewards])
         records = [b.record.bookkeeping_on_cpu() for b in batches]  # rewards and advantages live on the CPU
+        features = credit.leaf_features([b.images for b in batches]) if self.cfg.advantage.diversity else None
         advantages, stats = credit.assign(records, [b.slots for b in batches], local_rewards, self.scoring.weights,
-                                          self.cfg.advantage, plan.branches, self.policy.gather, self.rank)
+                                          self.cfg.advantage, plan.branches, self.policy.gather, self.rank, features)
         stats.update(self.scoring.statistics(stats.pop("all_rewards")))
         return advantages, stats
 
@@ -237,6 +238,7 @@ class Trainer:
         bar = tqdm(desc="grpo", initial=self.iteration, total=cfg.train.iterations,
                    disable=not (cfg.log.progress and self.acc.is_main_process))
         recent: list[float] = []  # training reward of the last 5 iterations (the bar's running mean)
+        tied: list[float] = []  # fraction of groups with equal rewards in the last 5 iterations
         held_out = last.get("eval/mean_score")
         try:
             for iteration in range(self.iteration, cfg.train.iterations):
@@ -252,8 +254,11 @@ class Trainer:
                 bar.update(1)
                 recent = (recent + [last.get(f"reward/{self.scoring.names[0]}_mean", float("nan"))])[-5:]
                 held_out = last.get("eval/mean_score", held_out)
+                tied = (tied + [last.get("zero_std_group_fraction", 0.0)])[-5:]
                 bar.set_postfix({"reward": f"{sum(recent) / len(recent):.3f}"} |
-                                ({"held-out": f"{held_out:.3f}"} if held_out is not None else {}))
+                                ({"held-out": f"{held_out:.3f}"} if held_out is not None else {}) |
+                                ({"tied": f"{tied[-1]:.0%}"} if tied[-1] > 0 else {}))
+                self.scoring.report_ties(self.iteration, tied)
                 if self.iteration == cfg.train.iterations or self._stop or (
                         cfg.log.save_every and self.iteration % cfg.log.save_every == 0):
                     if last["valid_reward_fraction"] == 0:  # its weights are the last checkpoint's; never save it

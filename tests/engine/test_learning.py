@@ -89,16 +89,21 @@ def test_control_learning_rate_zero_stays_in_the_noise_band(preset, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.params)), f"{preset} moved its weights at learning rate 0"
 
 
-def test_an_update_without_gradient_leaves_the_weights_and_the_optimizer_alone(tmp_path):
-    """Every group tied (a prompt that names all four modes: every sample hits): advantages are 0, the
-    gradient is exactly 0, and the step is skipped (Adam would otherwise move the weights on its
-    momentum; on the analytic world that drifted a converged policy off its target)."""
+@pytest.mark.parametrize("preset", [None, "diffusion_nft", "dgpo"])
+@pytest.mark.parametrize("tied", ["skip", "train"])
+def test_an_update_without_gradient_leaves_the_weights_and_the_optimizer_alone(tmp_path, preset, tied):
+    """Every group tied (a prompt that names all four modes: every sample hits): skipped, no sample or
+    transition trains; trained (the reference codes' A = 0), the gradient is exactly 0 at θ = θ_old. Either way
+    the step is skipped (Adam would otherwise move the weights on its momentum; on the analytic world that
+    drifted a converged policy off its target) and the weights stay bit for bit."""
     prompts = tmp_path / "all.txt"
     prompts.write_text("modes 0, 1, 2 and 3\n")
-    trainer = analytic_run(tmp_path / "run", None, f"prompts={prompts}", "train.iterations=3")
+    trainer = analytic_run(tmp_path / "run", preset, f"prompts={prompts}", "train.iterations=2",
+                           f"advantage.tied_groups={tied}")
     before = [p.detach().clone() for p in trainer.policy.params]
     last = trainer.train()
-    assert last["skipped_steps"] == 1 and last["grad_norm"] == 0.0
+    assert last["zero_std_group_fraction"] == 1.0
+    assert last["skipped_steps"] >= 1 and trainer.policy.optimizer_steps == 0
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.params))
     assert not trainer.policy.optimizer.state  # Adam never stepped: no moments, no step count
 

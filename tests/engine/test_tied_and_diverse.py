@@ -1,0 +1,125 @@
+"""Credit assignment on real rollouts: tied groups are not trained on, GARDO's diversity shaping scales the
+positive advantages (flowgrpo/engine/credit.py: assign, tied_groups, diversity_scale)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flowgrpo.config import load_config
+from flowgrpo.engine import credit
+from flowgrpo.engine.trainer import Trainer
+from flowgrpo.run.paths import configs_dir
+
+
+def rollout(tmp_path, preset, *overrides):
+    cfg = load_config(preset, None, [f"output_dir={tmp_path}", "resume=false", "log.progress=false",
+                                     "log.gallery=false", "log.samples_every=0", "eval.at_start=false", *overrides],
+                      base=str(configs_dir() / "analytic.yaml"))
+    trainer = Trainer(cfg)
+    plan = trainer.schedule.plan(0)
+    batches = trainer.sample(0, plan)
+    for b in batches:  # the analytic reward's own futures are not needed: the tests hand the rewards in
+        for f in b.rewards:
+            f.result()
+    records = [b.record.bookkeeping_on_cpu() for b in batches]
+    return trainer, plan, batches, records
+
+
+def leaf_groups(batches, records):
+    gpp = records[0].groups_per_prompt
+    return torch.cat([torch.tensor(b.slots)[rec.leaf_prompt] * gpp + rec.leaf_group % gpp
+                      for b, rec in zip(batches, records)])
+
+
+def assign(trainer, plan, batches, records, rewards, features=None, **changes):
+    cfg = trainer.cfg.advantage
+    for key, value in changes.items():
+        setattr(cfg, key, value)
+    weights = torch.ones(rewards.shape[1])
+    return credit.assign(records, [b.slots for b in batches], rewards, weights, cfg, plan.branches,
+                         lambda t: t, 0, features)
+
+
+@pytest.mark.parametrize("preset", [None, "branchgrpo", "diffusion_nft"])
+@pytest.mark.parametrize("rewards,multi", [(1, "gdpo"), (2, "sum"), (2, "gdpo")])
+def test_a_tied_group_is_not_trained_on_and_the_others_are_unchanged(tmp_path, preset, rewards, multi):
+    """GDPO's batch z-score of the summed group z-scores gives a tied group −mean/std, not 0: skipped, it is NaN."""
+    trainer, plan, batches, records = rollout(tmp_path, preset, "train.prompts_per_iteration=4")
+    groups = leaf_groups(batches, records)
+    gen = torch.Generator().manual_seed(0)
+    r = torch.rand(len(groups), rewards, generator=gen)
+    tied_group = int(groups[0])
+    r[groups == tied_group] = 0.5  # every reward tied in this group
+    skipped, stats = assign(trainer, plan, batches, records, r.clone(), tied_groups="skip", multi_reward=multi)
+    trained, _ = assign(trainer, plan, batches, records, r.clone(), tied_groups="train", multi_reward=multi)
+    tied = groups == tied_group
+    assert stats["zero_std_group_fraction"] == pytest.approx(1 / len(groups.unique()))
+    leaves_s, leaves_t = torch.cat(skipped.leaves), torch.cat(trained.leaves)
+    assert torch.isnan(leaves_s[tied]).all() and not torch.isnan(leaves_s[~tied]).any()
+    assert torch.equal(leaves_s[~tied], leaves_t[~tied])  # the other groups' advantages are untouched
+    zero = rewards == 1 or multi == "sum"  # trained: A = 0 exactly (GDPO: one constant for the group)
+    assert torch.equal(leaves_t[tied], torch.zeros(int(tied.sum()))) if zero else leaves_t[tied].unique().numel() == 1
+    if not trainer.learner.needs_transitions:
+        return
+    offset = 0
+    for rec, ts, tt in zip(records, skipped.transitions, trained.transitions):
+        mine = tied[offset : offset + rec.num_leaves]
+        of_tied = rec.transition_values(mine.float()) > 0.5
+        assert of_tied.any() and torch.isnan(ts[of_tied]).all() and not torch.isnan(ts[~of_tied]).any()
+        assert torch.equal(tt[of_tied], torch.zeros(int(of_tied.sum()))) or not zero
+        assert torch.equal(ts[~of_tied], tt[~of_tied])
+        offset += rec.num_leaves
+
+
+def test_the_forward_learners_never_see_a_tied_sample(tmp_path):
+    trainer, plan, batches, records = rollout(tmp_path, "diffusion_nft", "train.prompts_per_iteration=4")
+    groups = leaf_groups(batches, records)
+    r = torch.rand(len(groups), 1, generator=torch.Generator().manual_seed(1))
+    r[groups == int(groups[0])] = 1.0
+    from flowgrpo.engine.learners import Rollouts
+    skipped, _ = assign(trainer, plan, batches, records, r, tied_groups="skip")
+    seen = {s.group for s in trainer.learner.samples(Rollouts(0, plan, batches, skipped))}
+    assert int(groups[0]) not in seen and len(seen) == len(groups.unique()) - 1
+
+
+def test_diversity_scale_hand_cases():
+    # group 0: two identical samples and one orthogonal one; group 1: identical samples; group 2: one sample
+    f = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [1.0, 1.0], [3.0, -1.0]])
+    g = torch.tensor([0, 0, 0, 1, 1, 2])
+    scale = credit.diversity_scale(f, g)
+    # nearest cosine distances in group 0: 0, 0, 1 -> mean 1/3 -> 0, 0, 3
+    assert scale[:3].tolist() == pytest.approx([0.0, 0.0, 3.0], abs=1e-6)
+    assert scale[3:].tolist() == [1.0, 1.0, 1.0]  # no spread, or alone: unchanged
+    assert float(scale[:3].mean()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_diversity_shaping_scales_only_the_positive_advantages(tmp_path):
+    trainer, plan, batches, records = rollout(tmp_path, "diffusion_nft", "train.prompts_per_iteration=2")
+    groups = leaf_groups(batches, records)
+    r = torch.rand(len(groups), 1, generator=torch.Generator().manual_seed(2))
+    feats = torch.randn(len(groups), 5, generator=torch.Generator().manual_seed(3))
+    plain, _ = assign(trainer, plan, batches, records, r.clone(), diversity=False)
+    shaped, stats = assign(trainer, plan, batches, records, r.clone(), feats, diversity=True)
+    a, b = torch.cat(plain.leaves), torch.cat(shaped.leaves)
+    clip = trainer.cfg.advantage.clip
+    expected = torch.where(a > 0, (a * credit.diversity_scale(feats, groups)).clamp(-clip, clip), a)
+    assert torch.allclose(b, expected, rtol=1e-6, atol=1e-6 * float(a.abs().max()))
+    assert torch.equal(b[a <= 0], a[a <= 0]) and not torch.equal(b[a > 0], a[a > 0])
+    assert math.isfinite(stats["advantage/diversity_scale_min"])
+
+
+def test_a_run_whose_groups_stay_tied_says_so_once(tmp_path, capsys):
+    prompts = tmp_path / "all.txt"
+    prompts.write_text("modes 0, 1, 2 and 3\n")  # every sample hits: every group tied
+    cfg = load_config(None, None, [f"output_dir={tmp_path}", "resume=false", "log.progress=false", "log.gallery=false",
+                                   "log.samples_every=0", "log.save_every=0", "eval.every=0", "eval.at_start=false",
+                                   f"prompts={prompts}", "train.iterations=7"], base=str(configs_dir() / "analytic.yaml"))
+    Trainer(cfg).train()
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if "had equal rewards" in line]
+    assert len(lines) == 1, lines
+    assert "100% of the groups had equal rewards over iterations 1-5" in lines[0]
+    assert "not trained on" in lines[0] and "sampling.plan.group_size" in lines[0]
