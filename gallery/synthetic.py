@@ -74,8 +74,10 @@ def write_mp4(path: Path, size: int = 64, frames: int = 12, seed: int = 0) -> No
 def write_run(run_dir, steps: int = 3, prompts_per_step: int = 4, per_prompt: int = 4, image_size: int = 64,
               every: int = 10, tree: bool = False, eval_step: bool = False, video: bool = False,
               distinct_images: int | None = None, prompts: list[tuple[str, dict]] | None = None,
-              group_size: int | None = None) -> Path:
+              group_size: int | None = None, alarm_from: int | None = None) -> Path:
     """Write a run directory; returns it. ``distinct_images`` reuses that many PNGs' bytes (fast for big runs).
+    ``alarm_from``: from this iteration on, each evaluation logs the held-out guard and one watch alarm (the
+    synthetic held-out reward falls while the training reward rises: a hack's shape).
     ``group_size`` (default ``per_prompt``): samples per training group, of which the first ``per_prompt`` are
     saved; the manifest's group_size and group_rewards cover all of them, as flowgrpo.run.run_dir writes them."""
     group_size = group_size or per_prompt
@@ -92,6 +94,9 @@ def write_run(run_dir, steps: int = 3, prompts_per_step: int = 4, per_prompt: in
             if it % every == 0:
                 row["eval/mean_score"] = mean - 0.05 * it / (steps * every)
                 row["eval/per_task/counting"] = mean - 0.1
+                if alarm_from is not None:
+                    row["guard/held_out"] = row["eval/mean_score"]
+                    row["watch/alarms"] = int(it >= alarm_from)
             f.write(json.dumps(row) + "\n")
     folders = [(f"step_{(k + 1) * every}", (k + 1) * every) for k in range(steps)]
     if eval_step:

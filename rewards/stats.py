@@ -2,7 +2,8 @@
 
 The measures themselves (brightness, saturation, high-frequency energy, flicker, diversity) live here and are the
 reward-hacking watch's image guards (flowgrpo/engine/watch.py). ``MeanBrightness`` pays for mean luminance and
-``MeanSaturation`` for mean colour saturation. Trained on, they climb in tens of iterations by erasing or
+``MeanSaturation`` for mean colour saturation, ``MeanRedness`` for
+how much redder than green and blue the pixels are. Trained on, they climb in tens of iterations by erasing or
 recolouring the objects the prompts ask for, while the held-out ``toy`` reward falls: benchmarks/bench_hacking.py
 uses them to check that the reward-hacking watch fires (docs/hacking.md). Load them by dotted path:
 ``rewards=[{name: 'rewards.stats:MeanBrightness'}]``.
@@ -97,3 +98,18 @@ class MeanSaturation(Reward):
 
     def score_uint8(self, images, prompts, metadata) -> RewardOutput:
         return RewardOutput(saturation(images.float() / 255.0).float())
+
+
+def redness(media: torch.Tensor) -> torch.Tensor:
+    """Mean over pixels and frames of max(R − max(G, B), 0): 0 on greys, 1 on pure red."""
+    x = _frames(media)
+    return (x[:, :, 0] - x[:, :, 1:].amax(2)).clamp(min=0).mean((1, 2, 3))
+
+
+class MeanRedness(Reward):
+    name = "mean_redness"
+    modality = "both"
+
+    def score_uint8(self, images, prompts, metadata) -> RewardOutput:
+        return RewardOutput(redness(images.float() / 255.0).float())
+

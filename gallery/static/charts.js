@@ -2,7 +2,8 @@
 
    lineChart({title, note, series: [{name, xs, ys, lo?, hi?, dots?}], xLabel}) -> <figure>
    xs/ys are arrays of numbers (null = not logged there); lo/hi draw a band (mean ± std);
-   dots draws markers instead of a line. Hovering shows the nearest values. */
+   dots draws markers instead of a line. Hovering shows the nearest values. spec.marks ([{x, text}]) draws a
+   dashed rule at each x: the iterations where the reward-hacking watch raised an alarm. */
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -91,6 +92,14 @@ function lineChart(spec) {
   svgEl("text", {x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle", class: "axis-label"}, svg).textContent =
     spec.xLabel || "iteration";
   svgEl("rect", {x: L, y: T, width: W - L - R, height: H - T - B, class: "frame"}, svg);
+  // marks: iterations where the reward-hacking watch raised an alarm, a dashed rule each with its text on hover
+  for (const m of spec.marks || []) {
+    if (m.x < xmin || m.x > xmax) continue;
+    const g = svgEl("g", {class: "alarm", "data-x": m.x}, svg);
+    svgEl("title", {}, g).textContent = m.text;
+    svgEl("line", {x1: sx(m.x), x2: sx(m.x), y1: T, y2: H - B}, g);
+    svgEl("text", {x: sx(m.x) + 3, y: T + 10, class: "alarm-label"}, g).textContent = "!";
+  }
 
   series.forEach((s, k) => {
     const color = s.color || CHART_COLORS[k % CHART_COLORS.length];
@@ -156,6 +165,13 @@ function lineChart(spec) {
     const swatch = document.createElement("i");
     swatch.style.background = s.color;
     item.append(swatch, document.createTextNode(s.name));
+    legend.appendChild(item);
+  }
+  if ((spec.marks || []).length) {
+    const item = document.createElement("span");
+    const swatch = document.createElement("i");
+    swatch.className = "alarm-swatch";
+    item.append(swatch, document.createTextNode(`reward-hacking alarm (${spec.marks.length})`));
     legend.appendChild(item);
   }
   fig.appendChild(legend);

@@ -299,6 +299,9 @@ async function renderCharts(app) {
   const {iteration: xs, series} = G.metrics;
   const out = [];
   const rk = rewardKeys(series);
+  const alarms = series["watch/alarms"] || [];  // the reward-hacking watch (docs/hacking.md): a rule per alarm
+  const marks = xs.map((x, i) => alarms[i] ? {x, text: `iteration ${x}: the reward-hacking watch raised ${alarms[i]} ` +
+    `alarm(s): a guard moved against the rising training reward (the run's console and log name it)`} : null).filter(Boolean);
   const names = Array.from(new Set(G.index.reward_names.concat(Array.from(rk.keys()))));
   const rewardCharts = el("div", {class: "charts"});
   for (const r of names) {
@@ -315,7 +318,7 @@ async function renderCharts(app) {
       if (steps.length) sr.push({name: `${r} (saved ${kind} samples)`, xs: steps.map(s => s.iteration),
                                  ys: steps.map(s => s.reward_means[r]), dots: true});
     }
-    rewardCharts.append(lineChart({title: `reward: ${r}`, series: sr}));
+    rewardCharts.append(lineChart({title: `reward: ${r}`, series: sr, marks}));
   }
   out.push(el("h2", {text: "Rewards"}), rewardCharts);
 
@@ -326,7 +329,7 @@ async function renderCharts(app) {
     const panel = el("div", {class: "charts"});
     const sr = [{name: `held-out: ${held}`, xs, ys: series[held], dots: false}];
     if (proxy) sr.unshift({name: `proxy: ${proxyName} (training)`, xs, ys: proxy});
-    panel.append(lineChart({title: "proxy vs held-out reward", series: sr}));
+    panel.append(lineChart({title: "proxy vs held-out reward", series: sr, marks}));
     if (proxy) {  // gap at each evaluation: mean proxy since the previous evaluation minus held-out
       const gx = [], gy = [];
       let since = [];
@@ -334,13 +337,20 @@ async function renderCharts(app) {
         if (proxy[i] !== null) since.push(proxy[i]);
         if (series[held][i] !== null && since.length) { gx.push(x); gy.push(stats(since).mean - series[held][i]); since = []; }
       });
-      panel.append(lineChart({title: "gap: proxy − held-out", series: [{name: "gap", xs: gx, ys: gy}],
+      panel.append(lineChart({title: "gap: proxy − held-out", series: [{name: "gap", xs: gx, ys: gy}], marks,
         note: "A gap that widens while the proxy reward rises is the usual sign of reward hacking: look at the top-reward samples of the latest steps."}));
     }
     const tasks = Object.keys(series).filter(k => /^eval\/(per_task|task)\//.test(k));
     if (tasks.length) panel.append(lineChart({title: "held-out reward per task",
       series: tasks.map(k => ({name: k.replace(/^eval\/(per_task|task)\//, ""), xs, ys: series[k]}))}));
     out.push(el("h2", {text: "Proxy vs held-out"}), panel);
+  }
+
+  const guards = Object.keys(series).filter(k => /^guard\/[^/]+$/.test(k) && !/_(change|se)$/.test(k));
+  if (guards.length) {  // the watch's guards on the held-out samples, with their alarms
+    const panel = el("div", {class: "charts"});
+    for (const k of guards) panel.append(lineChart({title: k, series: [{name: k, xs, ys: series[k]}], marks}));
+    out.push(el("h2", {text: "Reward-hacking guards"}), panel);
   }
 
   const wanted = ["loss", "approx_kl", "kl", "kl_ref", "grad_norm", "lr", "advantage/abs_mean", "advantage/std",

@@ -518,6 +518,25 @@ def test_static_flags_stay_in_the_browser_and_export(browser, tmp_path):
     assert severe_console_entries(browser) == []
 
 
+def test_charts_mark_the_watch_alarms(browser, tmp_path):
+    run = write_run(tmp_path / "run", steps=3, prompts_per_step=1, per_prompt=1, alarm_from=20)
+    _open(browser, build_site(run).as_uri() + "#view=charts")
+    titles = [e.text for e in browser.find_elements("css selector", "#app figcaption")]
+    assert "guard/held_out" in titles
+    marked = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#app figure')).map(f => [f.querySelector('figcaption').textContent,"
+        " Array.from(f.querySelectorAll('g.alarm')).map(g => Number(g.dataset.x))])")
+    marks = {title: xs for title, xs in marked}
+    for title in ("reward: toy", "proxy vs held-out reward", "gap: proxy − held-out", "guard/held_out"):
+        assert marks[title] == [20, 30], (title, marks[title])  # the two evaluations with an alarm
+    assert marks["loss"] == []
+    assert "reward-hacking alarm (2)" in browser.find_element("css selector", "#app").text
+    assert severe_console_entries(browser) == []
+    clean = write_run(tmp_path / "clean", steps=3, prompts_per_step=1, per_prompt=1)  # no watch metrics: no marks
+    _open(browser, build_site(clean).as_uri() + "#view=charts")
+    assert browser.execute_script("return document.querySelectorAll('#app g.alarm').length") == 0
+
+
 def test_charts_and_compare(browser, tmp_path):
     prompts = [prompt_for(k) for k in range(2)]  # every step samples both prompts
     run = write_run(tmp_path / "run", steps=3, prompts_per_step=2, per_prompt=2, eval_step=True, prompts=prompts)
