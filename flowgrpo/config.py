@@ -230,7 +230,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     adam_betas: tuple = (0.9, 0.999)
     grad_clip: float = 1.0  # max gradient norm (0 = off)
-    ema_decay: float = 0.0  # EMA of trainable weights used for evaluation (0 = off)
+    ema_decay: float = 0.0  # EMA of trainable weights used for evaluation (0 = off), λ = min(decay, (1 + n)/(10 + n))
     mixed_precision: str = "no"  # accelerate's: no | bf16 | fp16
     seed: int = 0  # every random draw is a pure function of (seed, iteration, prompt, node)
     # draw training prompts so that every value of this metadata key (e.g. "task") comes up equally often:

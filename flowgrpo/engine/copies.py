@@ -8,12 +8,12 @@ of optimizer steps taken so far:
 
 That one rule is every copy in flowgrpo (docs/design.md, "The policy and its copies"):
 
-    the evaluation EMA (train.ema_decay)     λ = decay, after every optimizer step
+    the evaluation EMA (train.ema_decay)     λ = min(decay, (1 + n)/(10 + n)), after every optimizer step
     DiffusionNFT's sampling policy θ_old     λ = min(rate·(n − delay), max), after every iteration
     AWM's EMA, DGPO's ema_ref                the same soft schedule (after each iteration / step)
     SAGE's moving anchor                     λ = 0 every ``anchor_refresh`` steps, else 1
     AWM's rollout weights ℓ_old              set from θ (or the EMA) before each update
-    pretraining's EMA (flowgrpo/tiny)        λ = min(decay, (1 + step)/(10 + step)) every step
+    pretraining's EMA (flowgrpo/tiny)        the same warmed decay, every step
 
 ``swapped_into(targets)`` puts the copy's values into the targets for a ``with`` block and restores
 the targets' own values after it (sampling or evaluating with a copy). Tensors that are not
@@ -28,6 +28,13 @@ from contextlib import contextmanager
 import torch
 
 FOLLOWS = ("step", "iteration", "never")
+
+
+def warmed_decay(decay: float) -> Callable[[int], float]:
+    """λ(n) = min(decay, (1 + n)/(10 + n)): an EMA that follows its source closely over the first steps (λ = 0.1
+    after the first step, 0.5 after the eighth) and settles at ``decay``, the warm-up of the EMA every official
+    repository flowgrpo's presets follow uses for its evaluation weights."""
+    return lambda n: min(decay, (1 + n) / (10 + n))
 
 
 def soft_keep(rate: float, ceiling: float, delay: int = 0) -> Callable[[int], float]:
@@ -100,4 +107,4 @@ class WeightCopy:
         self.assign([tensors[f"{self.name}.{n}"] for n in names])
 
 
-__all__ = ["FOLLOWS", "WeightCopy", "refresh_every", "soft_keep"]
+__all__ = ["FOLLOWS", "WeightCopy", "refresh_every", "soft_keep", "warmed_decay"]

@@ -29,6 +29,7 @@ from flowgrpo.config import (
 )
 from flowgrpo.data import read_prompts, strata
 from flowgrpo.engine import checkpointing, credit, rollout
+from flowgrpo.engine.copies import warmed_decay
 from flowgrpo.engine.evaluation import HeldOut
 from flowgrpo.engine.learners import Rollouts, build_learner
 from flowgrpo.engine.noise_scale import NoiseReport
@@ -66,7 +67,7 @@ class Trainer:
         self.policy = Policy(self.model, self.acc, learning_rate=t.learning_rate, weight_decay=t.weight_decay,
                              adam_betas=t.adam_betas, grad_clip=t.grad_clip)
         # the held-out evaluation's weights: an EMA of the trained ones, updated after every optimizer step
-        self.ema = self.policy.copy("ema", t.ema_decay) if t.ema_decay > 0 else None
+        self.ema = self.policy.copy("ema", warmed_decay(t.ema_decay)) if t.ema_decay > 0 else None
         self.schedule = plan_schedule(cfg, self.model)
         prompts, metadata = read_prompts(cfg.prompts)
         groups = strata(metadata, t.balance_by, cfg.prompts) if t.balance_by else None

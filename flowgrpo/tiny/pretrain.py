@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from flowgrpo.engine.copies import WeightCopy
+from flowgrpo.engine.copies import WeightCopy, warmed_decay
 from flowgrpo.run.checkpoint import write_folder_atomically
 from flowgrpo.run.errors import UserError
 from flowgrpo.tiny.builders import TinySD3Sizes, build_clip_tokenizer, build_tiny_sd3_pipeline
@@ -232,7 +232,7 @@ def train_flow(pipe, cfg, work: Path, latents: torch.Tensor, texts: list[str], m
     cfg)`` scores an EMA snapshot. The EMA follows every step with λ = min(ema_decay, (1 + step)/(10 + step))."""
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.flow_lr, weight_decay=0.0)
-    ema = WeightCopy("ema", _state_tensors(modules), keep=lambda step: min(cfg.ema_decay, (1 + step) / (10 + step)))
+    ema = WeightCopy("ema", _state_tensors(modules), keep=warmed_decay(cfg.ema_decay))
     state = _State(work / "flow")
     meta = state.load(modules, optimizer, ema) if state.exists() else {"step": 0, "evals": [], "reached": False}
     if meta["reached"] or meta["step"] >= cfg.flow_steps:

@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from flowgrpo.engine.copies import WeightCopy, refresh_every, soft_keep
+from flowgrpo.engine.copies import WeightCopy, refresh_every, soft_keep, warmed_decay
 from flowgrpo.engine.policy import REFERENCE, Policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -173,3 +173,24 @@ def test_start_up_lines_say_what_the_learner_trains(preset, says, never, tmp_pat
     text = describe_batches(cfg, 1, counts["leaves"], trainer.learner.describe(counts["leaves"], counts["trained"]))
     trainer.scoring.close()
     assert says in text and never not in text, text
+
+
+def test_the_evaluation_ema_warms_up_as_the_official_repositories_do(tmp_path):
+    """λ(n) = min(decay, (1 + n)/(10 + n)) after n optimizer steps: the trainer's EMA follows θ closely at first."""
+    keep = warmed_decay(0.9)
+    assert [keep(n) for n in (0, 1, 8, 80, 10_000)] == [0.1, 2 / 11, 0.5, 0.9, 0.9]
+    policy = _policy()
+    start = [p.detach().clone() for p in policy.params]
+    ema = policy.copy("ema", keep)
+    _train_step(policy)
+    theta1 = [p.detach().clone() for p in policy.params]
+    for value, s, t in zip(ema.values, start, theta1):  # after step 1: λ = 2/11
+        torch.testing.assert_close(value, (2 / 11) * s + (9 / 11) * t, rtol=0, atol=1e-7 * float(t.abs().max() + 1))
+    from flowgrpo.config import load_config
+    from flowgrpo.engine.trainer import Trainer
+    from flowgrpo.run.paths import configs_dir
+
+    cfg = load_config(None, None, [f"output_dir={tmp_path}", "train.ema_decay=0.99", "log.progress=false"],
+                      base=str(configs_dir() / "analytic.yaml"))
+    trainer_keep = Trainer(cfg).ema.keep
+    assert [trainer_keep(n) for n in (1, 8, 10_000)] == [2 / 11, 0.5, 0.99]
