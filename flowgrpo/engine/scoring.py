@@ -11,6 +11,8 @@ them in a row stop the run with ``NoValidRewardError`` naming the reward, its la
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from flowgrpo.run.checkpoint import checkpoint_dirs
@@ -93,6 +95,12 @@ class Scoring:
             valid = all_rewards[:, k][~all_rewards[:, k].isnan()]
             stats[f"reward/{r.name}_std"] = float(valid.std(unbiased=False)) if valid.numel() else float("nan")
         return stats
+
+    def objective(self, metrics: dict) -> float:
+        """What training raises: Σ_k w_k·(mean of reward k) over the iteration's samples (a weight −1 minimises its
+        reward, so its fall is a rise here); NaN where a reward has no mean. The watch's training rise."""
+        means = [metrics.get(f"reward/{name}_mean", math.nan) for name in self.names]
+        return float(sum(float(w) * m for w, m in zip(self.weights.tolist(), means)))
 
     def check_alive(self, iteration: int, valid_fraction: float, local_rewards: torch.Tensor) -> None:
         """Count an iteration without any valid reward; too many in a row stop the run (before training on nothing)."""

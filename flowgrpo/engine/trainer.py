@@ -140,7 +140,7 @@ class Trainer:
             self.writer.write_samples(self.iteration, batches, leaf_rewards, leaf_adv, self.scoring.names,
                                       cfg.log.samples_per_prompt, cfg.train.seed, cfg.log.video_fps, self.model.preview,
                                       sampled_iteration=iteration, shared_noise=plan.initial_noise == "shared")
-        self._rewards.append(float(metrics.get(f"reward/{self.scoring.names[0]}_mean", math.nan)))
+        self._rewards.append(self.scoring.objective(metrics))
         if (cfg.eval.every and self.iteration % cfg.eval.every == 0) or self.iteration == cfg.train.iterations:
             try:  # every process evaluates its share of the held-out prompts
                 metrics.update(self.evaluate())

@@ -179,3 +179,19 @@ def test_stop_on_hacking_stops_the_run_with_a_checkpoint(tiny_sd3_dir, tmp_path,
     assert "stopping at iteration 2: eval.stop_on_hacking is set" in err
     saved = sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir())
     assert saved == ["step_2"]  # it stopped where the watch fired, with a checkpoint
+
+
+def test_the_training_rise_is_of_the_weighted_objective_so_a_minimised_reward_rises_as_it_falls():
+    from flowgrpo.config import load_config
+    from flowgrpo.engine.scoring import Scoring
+
+    cfg = load_config(None, None, ["rewards=[{name: 'rewards.stats:MeanBrightness', weight: -1.0}, "
+                                   "{name: toy, weight: 0.5}]"])
+    scoring = Scoring(cfg, "image")
+    try:
+        darker = scoring.objective({"reward/mean_brightness_mean": 0.6, "reward/toy_mean": 0.4})
+        lighter = scoring.objective({"reward/mean_brightness_mean": 0.8, "reward/toy_mean": 0.4})
+        assert darker == pytest.approx(-0.6 + 0.2) and lighter == pytest.approx(-0.8 + 0.2) and darker > lighter
+        assert math.isnan(scoring.objective({"reward/toy_mean": 0.4}))
+    finally:
+        scoring.close()
