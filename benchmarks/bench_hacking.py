@@ -43,14 +43,10 @@ DEFENCES = {
 }
 
 
-def run_seed(job: tuple) -> dict:
-    seed, hack, defence, iterations, eval_every, threads, overrides = job
-    import torch
-
+def config_for(seed: int, hack: str, defence: str, iterations: int, eval_every: int, overrides=()):
+    """The run's config: the embedded default, the hacked reward, the defence's preset and overrides, then yours."""
     from flowgrpo.config import load_config
-    from flowgrpo.engine.trainer import Trainer
 
-    torch.set_num_threads(threads)
     preset, defended = DEFENCES[defence]
     path, weight = HACKS[hack]
     name = f"bench-hacking-{hack}-s{seed}" if defence == "none" else f"bench-hacking-{hack}-{defence}-s{seed}"
@@ -59,7 +55,18 @@ def run_seed(job: tuple) -> dict:
              *([f"rewards=[{{name: '{path}', weight: {weight}}}]"] if path else []),
              *[o.replace("{hack}", path or "toy_dense").replace("{weight}", str(0.5 * weight)) for o in defended],
              *overrides]
-    cfg = load_config(preset, None, extra)
+    return load_config(preset, None, extra)
+
+
+def run_seed(job: tuple) -> dict:
+    seed, hack, defence, iterations, eval_every, threads, overrides = job
+    import torch
+
+    from flowgrpo.engine.trainer import Trainer
+
+    torch.set_num_threads(threads)
+    path, weight = HACKS[hack]
+    cfg = config_for(seed, hack, defence, iterations, eval_every, overrides)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     started = time.time()
     Trainer(cfg).train()
