@@ -74,6 +74,26 @@ FOLDER_NAME = Rule(lambda v: isinstance(v, str) and v not in ("", ".", "..") and
                    "a plain folder name (no '/', '\\' or '..', no surrounding spaces): the run folder is "
                    "output_dir/run_name; put a path in output_dir= instead")
 
+_SOLVERS = ("euler", "dpmpp_2m", "sa_solver")  # samplers.SOLVER_NAMES (tests/engine/test_config_rules.py checks)
+
+
+def _order(*allowed: int) -> Rule:
+    return Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v in allowed, f"one of {list(allowed)}")
+
+
+# sampling.plan is a mapping of compose_plan arguments (samplers/plans.py), each checked where the plan is built; the
+# keys that choose a solver and its options are checked here, before anything loads, like every key of the schema
+PLAN_RULES: dict = {
+    "solver": one_of(*_SOLVERS),  # the ODE steps' solver: euler | dpmpp_2m | sa_solver (SA-Solver, docs/samplers.md)
+    "post_window_solver": one_of(*_SOLVERS),  # MixGRPO-Flash's solver after the window
+    "sa_tau": at_least(0),  # SA-Solver's noise τ (0: deterministic), on the steps whose end point is in sa_tau_window
+    "sa_tau_window": Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(b) for b in v)
+                          and 0 <= v[0] <= v[1] <= 1, "two numbers [lo, hi] with 0 <= lo <= hi <= 1, e.g. [0.3, 0.9]"),
+    "sa_predictor_order": _order(1, 2),  # SA-Solver's predictor order
+    "sa_corrector_order": _order(0, 1, 2),  # SA-Solver's corrector order (0 = the predictor alone)
+    "grid_ends": one_of("exact", "awm"),  # awm: σ_0 = 1 − 1e-3 and σ_{T−1} = σ_{T−2}/2, AWM's SA-Solver grid
+}
+
 
 @dataclass
 class SamplingConfig:
@@ -528,11 +548,21 @@ def validate(cfg: Config) -> None:
     if not cfg.rewards:
         raise ConfigError("rewards is empty; give at least one, e.g. rewards=[{name: toy}]")
     plan = plan_arguments(cfg)
+    for key, rule in PLAN_RULES.items():
+        if key in plan and not rule.ok(plan[key]):
+            raise ConfigError(f"sampling.plan.{key}={plan[key]!r} is not allowed; use {rule.allowed}")
     if cfg.learner.name == "transition" and plan.get("kernel") == "ode" and not plan.get("side_steps"):
         raise ConfigError(
             f"sampling.method={cfg.sampling.method!r} rolls out with ODE steps only, which leaves the transition learner "
             "nothing to train; use an SDE plan (e.g. --preset flow_grpo) or a forward-process learner "
             "(--preset diffusion_nft, awm or dgpo)"
+        )
+    solvers = {plan.get("solver"), plan.get("post_window_solver") if plan.get("post_window_ratio") else None}
+    if cfg.learner.name == "transition" and "sa_solver" in solvers and plan.get("sa_tau", 0) > 0:
+        raise ConfigError(
+            f"sampling.plan.sa_tau={plan['sa_tau']} draws SA-Solver noise on untrained steps, whose log-probs the "
+            "transition learner does not have; set sampling.plan.sa_tau=0 (or another solver), or use a "
+            "forward-process learner (--preset awm, diffusion_nft or dgpo)"
         )
     group = plan.get("group_size", 1)
     tree = bool(plan.get("splits")) or bool(plan.get("side_steps"))

@@ -37,6 +37,7 @@ from samplers.solvers import (
     dpmpp_2m_step,
     euler_step,
     ode_step,
+    sa_solver_step,
     sample_ode,
 )
 from samplers.trajectory import Endpoints, NFECounter, Trajectory, score_transitions
@@ -77,6 +78,7 @@ __all__ = [
     "ode",
     "ode_step",
     "rollout",
+    "sa_solver_step",
     "sage_sde",
     "sample_endpoints",
     "sample_ode",

@@ -6,7 +6,7 @@
 Every node of a level sits at the same σ, so each level is **one** batched velocity call (split into
 chunks of at most ``max_batch`` rows). Then each edge group of the step (tree.py) applies its kernel:
 ODE groups use the step's solver (DPM-Solver++(2M) gets every node's previous x̂0, SDE steps
-included); SDE groups draw x' = μ + s·ε, round it to the storage dtype, and — if the step is trained —
+included; SA-Solver the previous two, and its noise comes from the node's step-noise stream); SDE groups draw x' = μ + s·ε, round it to the storage dtype, and — if the step is trained —
 score the stored x' with ``log_prob`` (ratio == 1 contract). Only trained transitions are stored.
 
 Determinism: initial noise, step noise and DanceGRPO's training subsets each come from their own
@@ -34,7 +34,7 @@ from samplers.grids import (
 )
 from samplers.kernels import KERNEL_NAMES, column, compute_dtype, get_kernel, log_prob
 from samplers.plans import Plan
-from samplers.solvers import Velocity, call_velocity, data_prediction, ode_step
+from samplers.solvers import Velocity, call_velocity, data_prediction, ode_step, sa_predictor_coefficients, sa_solver_step
 from samplers.trajectory import Endpoints, NFECounter, Trajectory
 from samplers.tree import EdgeGroup, template_for
 
@@ -158,7 +158,23 @@ class _Run:
             )
         return self.tpl.batch_cache[key]
 
-    def apply(self, i, g, eg, x, v, x_next, hist, prev_sigma, gens, subset):
+    def sa_step(self, i, eg, xs, vs, hist, gens, par, all_parents):
+        """An SA-Solver edge group of step i (main lane: side lanes never take it, plans.py)."""
+        step, sigma, sigma_next = self.plan.steps[i], self.sig[i], self.sig[i + 1]
+        pick = (lambda t: t) if all_parents else (lambda t: t.index_select(0, par))  # noqa: E731
+        prev = None if hist[0] is None else (hist[1], pick(hist[0]))
+        prev2 = None if hist[2] is None else (hist[3], pick(hist[2]))
+        before = self.plan.steps[i - 1] if i >= 1 else None
+        corrected = None
+        if i >= 2 and before.kernel == "ode" and before.solver == "sa_solver":  # the previous step had history
+            corrected = (before.sa_tau, before.sa_predictor_order, before.sa_corrector_order)
+        noise = None
+        if sigma_next > 0 and sa_predictor_coefficients(sigma, sigma_next, step.sa_tau)[3] > 0:
+            noise = self.step_noise(eg, self.tpl.levels[i].node_id.tolist(), gens)[:, 0]
+        return sa_solver_step(xs, vs, sigma, sigma_next, tau=step.sa_tau, noise=noise,
+                              predictor_order=step.sa_predictor_order, prev=prev, prev2=prev2, corrected=corrected)
+
+    def apply(self, i, g, eg, x, v, x_next, hist, gens, subset):
         rows = self.rows_of(i, g, eg)
         par = rows["parents"]
         if rows["all_parents"]:  # chains: no gather
@@ -166,11 +182,15 @@ class _Run:
         else:
             xs, vs = x.index_select(0, par), v.index_select(0, par)
         sigma, sigma_next = self.sig[i], self.sig[i + 1]
+        if eg.kernel == "ode" and eg.solver == "sa_solver":
+            out = self.sa_step(i, eg, xs, vs, hist, gens, par, rows["all_parents"])
+            return self.place(x_next, rows, out.to(self.dtype))
         if eg.kernel == "ode":
-            if hist is None:
+            prev_data, prev_sigma = hist[0], hist[1]
+            if prev_data is None:
                 out = ode_step(eg.solver, xs, vs, sigma, sigma_next)
             else:
-                out = ode_step(eg.solver, xs, vs, sigma, sigma_next, prev_sigma, hist.index_select(0, par))
+                out = ode_step(eg.solver, xs, vs, sigma, sigma_next, prev_sigma, prev_data.index_select(0, par))
             return self.place(x_next, rows, out.to(self.dtype))
         mean, std = get_kernel(eg.kernel)(xs, vs, sigma, sigma_next, eg.eta)
         noise = self.step_noise(eg, self.tpl.levels[i].node_id.tolist(), gens)
@@ -226,7 +246,7 @@ class _Run:
         with torch.no_grad():
             roots = self.initial_noise()
             subset = self.subset_mask() if self.keep_record else None
-            x, hist, prev_sigma = roots, None, None
+            x, hist = roots, (None, None, None, None)  # (x̂0, σ) of the previous point, then of the one before
             for i in range(self.plan.num_steps):
                 level, nxt = tpl.levels[i], tpl.levels[i + 1]
                 n = len(level.node_id)
@@ -236,13 +256,15 @@ class _Run:
                     self.nfe.add(category, count * P)
                 x_next, gens, self.n_next = None, {}, len(nxt.node_id)
                 for g, eg in enumerate(tpl.edges[i]):
-                    x_next = self.apply(i, g, eg, x, v, x_next, hist, prev_sigma, gens, subset)
+                    x_next = self.apply(i, g, eg, x, v, x_next, hist, gens, subset)
                 if tpl.needs_history[i]:  # children inherit their parent's x̂0 (SDE steps too)
                     parent_rows = _tile(nxt.parent_pos, n, P, self.device)
-                    hist = data_prediction(x, v, self.sig[i]).index_select(0, parent_rows)
-                    prev_sigma = self.sig[i]
+                    older = (None, None)
+                    if tpl.needs_history[i] > 1 and hist[0] is not None:  # SA-Solver: the point before too
+                        older = (hist[0].index_select(0, parent_rows), hist[1])
+                    hist = (data_prediction(x, v, self.sig[i]).index_select(0, parent_rows), self.sig[i], *older)
                 else:
-                    hist, prev_sigma = None, None
+                    hist = (None, None, None, None)
                 x = x_next
         return roots, x
 

@@ -27,13 +27,15 @@ import torch
 
 from samplers.grids import flash_grid, time_grid
 from samplers.kernels import DEFAULT_ETA, KERNEL_NAMES, kernel_coefficients
-from samplers.solvers import SOLVER_NAMES
+from samplers.solvers import SA_CORRECTOR_ORDERS, SA_PREDICTOR_ORDERS, SOLVER_NAMES
 from samplers.tree import template_for
 
 SPLIT_NOISE_MODES = ("correlated", "independent", "scaled_compat")
 INITIAL_NOISE_MODES = ("shared", "independent")
 SIDE_WEIGHTS = ("none", "noise_aware", "noise_aware_mean_one")
 NFE_CATEGORIES = ("rollout", "probe")
+GRID_ENDS = ("exact", "awm")
+AWM_FIRST_SIGMA = 1.0 - 1e-3  # AWM's first grid point for SA-Solver (λ stays finite)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class StepSpec:
     side_trained: bool = True
     side_loss_weight: float = 1.0
     side_category: str = "rollout"  # NFE category of side-lane forwards ("probe" for probes)
+    sa_tau: float = 0.0  # SA-Solver's noise τ on this step (solver sa_solver; 0: deterministic)
+    sa_predictor_order: int = 2  # SA-Solver's predictor order (1 or 2)
+    sa_corrector_order: int = 2  # SA-Solver's corrector order (0 = none, 1 or 2), refining this step at the next
 
     def __post_init__(self):
         for name in (self.kernel, self.side_kernel):
@@ -79,6 +84,11 @@ class StepSpec:
             )
         if self.side and self.side_kernel == "ode" and (self.side_trained or self.side > 1):
             raise ValueError("ode side children must be single (side=1) and untrained (probes)")
+        if not (self.sa_tau >= 0 and math.isfinite(self.sa_tau)):
+            raise ValueError(f"sa_tau must be a finite number ≥ 0, got {self.sa_tau}")
+        if self.sa_predictor_order not in SA_PREDICTOR_ORDERS or self.sa_corrector_order not in SA_CORRECTOR_ORDERS:
+            raise ValueError(f"SA-Solver orders: predictor one of {SA_PREDICTOR_ORDERS}, corrector one of "
+                             f"{SA_CORRECTOR_ORDERS}; got {self.sa_predictor_order}, {self.sa_corrector_order}")
 
     @property
     def stochastic(self) -> bool:
@@ -122,6 +132,11 @@ class Plan:
             if step.side and step.side_trained:
                 if self._std(step.side_kernel, sigma, sigma_next, step.side_eta) <= 0:
                     raise ValueError(f"step {i}: trained side children have std 0; raise side_eta")
+        if any(s.side for s in self.steps) and any(s.solver == "sa_solver" for s in self.steps):
+            raise ValueError(
+                "side lanes (TempFlow's branches) follow a deterministic ODE solver; use solver euler or dpmpp_2m "
+                "with side_steps, not sa_solver"
+            )
         if self.train_subset is not None:
             if any(s.branch > 1 or s.side for s in self.steps):
                 raise ValueError(
@@ -159,12 +174,29 @@ class Plan:
         for i, st in enumerate(self.steps):
             text = f"  {i:3d} σ {s[i]:.4f}→{s[i + 1]:.4f} {st.kernel}"
             text += f" η={st.eta:g}" if st.stochastic else f" ({st.solver})"
+            text += f" τ={st.sa_tau:g}" if not st.stochastic and st.solver == "sa_solver" and st.sa_tau else ""
             text += " trained" if st.trained else ""
             text += f" w={st.loss_weight:.3g}" if st.trained and st.loss_weight != 1 else ""
             text += f" split×{st.branch} {st.split_noise}" if st.branch > 1 else ""
             text += f" side×{st.side} {st.side_kernel} w={st.side_loss_weight:.3g}" if st.side else ""
             lines.append(text)
         return "\n".join(lines)
+
+
+def edit_grid_ends(sigmas: torch.Tensor, ends: str = "exact") -> torch.Tensor:
+    """The grid [T + 1] with its ends as ``ends`` says: "exact" unchanged; "awm" the edits AWM's rollout makes before
+    SA-Solver (scxue/advantage_weighted_matching sd3_pipeline_with_logprob.py:272-274): the last point before 0 becomes
+    half the one before it, σ_{T−1} = σ_{T−2}/2, then the first becomes 1 − 1e-3 (λ = log((1 − σ)/σ) is finite)."""
+    if ends not in GRID_ENDS:
+        raise ValueError(f"grid_ends must be one of {GRID_ENDS}, got {ends!r}")
+    if ends == "exact":
+        return sigmas
+    if sigmas.numel() < 3:
+        raise ValueError("grid_ends='awm' edits the last point before 0 and the first: it needs at least 2 steps")
+    out = sigmas.clone()
+    out[-2] = out[-3] / 2.0
+    out[0] = AWM_FIRST_SIGMA
+    return out
 
 
 def _step_set(steps: Sequence[int], num_steps: int, what: str) -> frozenset[int]:
@@ -201,6 +233,11 @@ def compose_plan(
     side_eta: float | None = None,
     side_weight: str = "none",
     side_weight_scale: float = 2.25,
+    sa_tau: float = 0.0,
+    sa_tau_window: Sequence[float] = (0.0, 1.0),
+    sa_predictor_order: int = 2,
+    sa_corrector_order: int = 2,
+    grid_ends: str = "exact",
     name: str = "custom",
 ) -> Plan:
     """Build a plan from orthogonal options (all step indices refer to the original T steps).
@@ -221,6 +258,11 @@ def compose_plan(
       ``side_weight``: ``noise_aware`` multiplies each step's loss by c·σ_t(j)·√Δ_j (flow_sde's std
       with ``side_eta``, c = ``side_weight_scale``), ``noise_aware_mean_one`` rescales those weights
       to mean one over the side steps.
+    - ``sa_tau``/``sa_tau_window``/``sa_predictor_order``/``sa_corrector_order``: SA-Solver steps (``solver`` or
+      ``post_window_solver`` = "sa_solver") draw noise τ = ``sa_tau`` where the point they step to, σ' (float32), lies
+      in the window [lo, hi] (AWM: 0.4 in [0.3, 0.9], as its code evaluates τ at the time it steps to), else τ = 0.
+    - ``grid_ends``: "exact" keeps the grid; "awm" applies AWM's SA-Solver edits: σ_{T−1} = σ_{T−2}/2, then
+      σ_0 = 1 − 1e-3 (needs T ≥ 2).
     """
     if kernel not in KERNEL_NAMES or side_kernel not in KERNEL_NAMES:
         raise ValueError(f"unknown kernel {kernel!r} / {side_kernel!r}; use one of {KERNEL_NAMES}")
@@ -254,6 +296,10 @@ def compose_plan(
         sigmas = flash_grid(T, shift, window_end, post_window_ratio, shift_terminal)
     else:
         sigmas = time_grid(T, shift, shift_terminal, grid)
+    sigmas = edit_grid_ends(sigmas, grid_ends)
+    lo, hi = (float(w) for w in sa_tau_window)
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise ValueError(f"sa_tau_window must be [lo, hi] with 0 ≤ lo ≤ hi ≤ 1, got {list(sa_tau_window)}")
     total = sigmas.numel() - 1
     train_until = min(math.floor(T * train_fraction + 1e-9), total - 1)
     s32 = sigmas.to(torch.float32).tolist()
@@ -270,6 +316,7 @@ def compose_plan(
     for i in range(total):
         stochastic = kernel != "ode" and (i in in_window or i in splits_set)
         step_solver = post_window_solver if (post_window_ratio and i >= window_end) else solver
+        noisy = not stochastic and step_solver == "sa_solver" and lo <= s32[i + 1] <= hi
         steps.append(
             StepSpec(
                 kernel=kernel if stochastic else "ode",
@@ -283,6 +330,9 @@ def compose_plan(
                 side_kernel=side_kernel,
                 side_eta=side_eta,
                 side_loss_weight=side_weights.get(i, 1.0),
+                sa_tau=float(sa_tau) if noisy else 0.0,
+                sa_predictor_order=sa_predictor_order,
+                sa_corrector_order=sa_corrector_order,
             )
         )
     subset = None
@@ -363,6 +413,7 @@ METHOD_PRESETS: dict[str, dict] = {
 
 
 __all__ = [
+    "GRID_ENDS",
     "INITIAL_NOISE_MODES",
     "METHOD_PRESETS",
     "NFE_CATEGORIES",
@@ -371,4 +422,5 @@ __all__ = [
     "SPLIT_NOISE_MODES",
     "StepSpec",
     "compose_plan",
+    "edit_grid_ends",
 ]

@@ -59,7 +59,7 @@ class Template:
     node_group: torch.Tensor  # [Nn] int64, advantage group within the prompt
     node_root: torch.Tensor  # [Nn] int64, root index of the node
     groups_per_prompt: int
-    needs_history: tuple[bool, ...]  # [T] keep x̂0 of step i for a dpmpp_2m step i + 1
+    needs_history: tuple[int, ...]  # [T] x̂0 points step i + 1 needs: 1 (dpmpp_2m), 2 (sa_solver, with step i's), 0
     counts: dict  # closed-form per-prompt costs (see Plan.counts)
     batch_cache: dict = field(default_factory=dict, repr=False)  # executor's tiled row indices
 
@@ -143,11 +143,11 @@ def _build(plan) -> Template:
         level_ids = nxt
     levels.append(nodes.level(level_ids, parent_pos))
 
-    needs_history = tuple(
-        i + 1 < len(edges)
-        and any(e.kernel == "ode" and e.solver == "dpmpp_2m" for e in edges[i + 1])
-        for i in range(len(edges))
-    )
+    def depth(step_edges) -> int:
+        solvers = {e.solver for e in step_edges if e.kernel == "ode"}
+        return 2 if "sa_solver" in solvers else 1 if "dpmpp_2m" in solvers else 0
+
+    needs_history = tuple(depth(edges[i + 1]) if i + 1 < len(edges) else 0 for i in range(len(edges)))
     counts = {"rollout": 0, "probe": 0}
     for lvl in levels[:-1]:
         for cat, n in lvl.category.items():

@@ -45,10 +45,37 @@ def test_every_key_declares_its_rule():
     ("eval.steps=0", r"eval.steps=0 is not allowed; use null or a number >= 1"),
     ("train.ema_decay=1", r"train.ema_decay=1.0 is not allowed; use a number in \[0, 1\) \(0 = off\)"),
     ("log.keep_checkpoints=0", r"log.keep_checkpoints=0 is not allowed; use a number >= 1"),
+    ("sampling.plan.solver=heun", r"sampling.plan.solver='heun' is not allowed; use one of \['euler', 'dpmpp_2m', 'sa_solver'\]"),
+    ("sampling.plan.sa_tau=-0.1", r"sampling.plan.sa_tau=-0.1 is not allowed; use a number >= 0"),
+    ("sampling.plan.sa_tau_window=[0.9,0.3]", r"sampling.plan.sa_tau_window=\[0.9, 0.3\] is not allowed; use two numbers \[lo, hi\]"),
+    ("sampling.plan.sa_predictor_order=3", r"sampling.plan.sa_predictor_order=3 is not allowed; use one of \[1, 2\]"),
+    ("sampling.plan.grid_ends=awn", r"sampling.plan.grid_ends='awn' is not allowed; use one of \['exact', 'awm'\]"),
 ])
 def test_a_value_outside_its_rule_is_one_line_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, None, [override])
+
+
+def test_the_plan_keys_that_choose_a_solver_follow_the_samplers():
+    """sampling.plan's solver keys (config.PLAN_RULES) allow what samplers/ builds, and SA-Solver's noise is refused
+    with the transition learner (it has no log-probs for those untrained steps), in one line naming the fix."""
+    import samplers
+    from samplers.plans import GRID_ENDS
+    from samplers.solvers import SA_CORRECTOR_ORDERS, SA_PREDICTOR_ORDERS
+    from flowgrpo.config import PLAN_RULES
+
+    assert [name for name in ("euler", "dpmpp_2m", "sa_solver", "heun") if PLAN_RULES["solver"].ok(name)] == list(
+        samplers.SOLVER_NAMES)
+    assert [k for k in range(-1, 5) if PLAN_RULES["sa_predictor_order"].ok(k)] == list(SA_PREDICTOR_ORDERS)
+    assert [k for k in range(-1, 5) if PLAN_RULES["sa_corrector_order"].ok(k)] == list(SA_CORRECTOR_ORDERS)
+    assert [e for e in ("exact", "awm", "x") if PLAN_RULES["grid_ends"].ok(e)] == list(GRID_ENDS)
+    noisy = ["learner.name=transition", "sampling.method=mixgrpo", "sampling.plan.solver=sa_solver",
+             "sampling.plan.sa_tau=0.4"]
+    with pytest.raises(ConfigError, match=r"^sampling.plan.sa_tau=0.4 draws SA-Solver noise on untrained steps.*"
+                                          r"set sampling.plan.sa_tau=0 .*or use a forward-process learner"):
+        load_config(None, None, noisy)
+    load_config(None, None, noisy[:-1])  # noise-free SA-Solver steps are ODE steps like any other
+    load_config("awm", None, noisy[1:])  # a forward-process learner takes the noise
 
 
 def test_the_defaults_and_every_preset_pass_their_rules():

@@ -298,6 +298,24 @@ def test_forward_learners_train_on_window_and_tree_plans(learner, method, plan, 
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.params))
 
 
+def test_awm_trains_on_sa_solver_rollouts(tmp_path):
+    """AWM's real-model rollouts (SA-Solver, noise τ = 0.4 on the steps landing in [0.3, 0.9], AWM's grid edits) on the
+    analytic world through the trainer: the plan the config builds, one model call a step, every leaf trained, the
+    weights move."""
+    plan = "{group_size: 4, num_steps: 8, solver: sa_solver, sa_tau: 0.4, sa_tau_window: [0.3, 0.9], grid_ends: awm}"
+    trainer = analytic_trainer(tmp_path, "awm", "sampling.method=ode", f"sampling.plan={plan}", "train.iterations=2",
+                               "learner.train_times=2", "learner.time_min=0.0", "advantage.tied_groups=train",
+                               "eval.every=0", "log.samples_every=0", "log.gallery=false")
+    plan_0 = trainer.schedule.plan(0)
+    assert plan_0.sigmas[0] == 1 - 1e-3 and {s.solver for s in plan_0.steps} == {"sa_solver"}
+    assert any(s.sa_tau == 0.4 for s in plan_0.steps) and any(s.sa_tau == 0 for s in plan_0.steps)
+    before = [p.detach().clone() for p in trainer.policy.params]
+    last = trainer.train()
+    assert last["trained_samples"] == 8 * 4 and torch.isfinite(torch.tensor(last["loss"]))
+    assert last["nfe/rollout"] == 2 * 8 * 4 * 8 and last["nfe/train_backward"] == 2 * 8 * 4 * 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.params))
+
+
 def test_dgpo_rolls_out_with_ema_ref_after_the_configured_steps(tmp_path):
     """learner.dgpo.sample_with_ema_after: the reference code's switch of its sampler to the EMA. Before the step count
     the rollout uses θ (no sampling copy), from it on ema_ref, which lags θ; 0 never switches."""

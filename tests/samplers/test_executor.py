@@ -49,6 +49,11 @@ PLANS = {
     "sage_tree": lambda: compose_plan(6, kernel="sage_sde", splits=(1, 3), branch_factor=3),
     "tempflow": lambda: compose_plan(6, kernel="ode", side_steps=(0, 2, 4), side_children=3, solver="dpmpp_2m"),
     "cps_independent": lambda: compose_plan(6, kernel="cps", group_size=2, initial_noise="independent"),
+    # SA-Solver (noisy, corrected) around an SDE window, and between the split steps of a tree
+    "sa_window": lambda: compose_plan(8, kernel="flow_sde", group_size=2, window=(2, 2), solver="sa_solver",
+                                      sa_tau=0.5, grid_ends="awm"),
+    "sa_tree": lambda: compose_plan(8, kernel="dance_sde", splits=(1, 4), window=(0, 1), solver="sa_solver",
+                                    sa_tau=0.5),
 }
 TRANSITION_FIELDS = (
     "state", "next_state", "log_prob", "mean", "sigma", "sigma_next", "eta", "kernel", "step",
@@ -91,7 +96,7 @@ def test_batched_equals_one_by_one(name):
     assert_concatenation(whole, [run(plan, [i]) for i in ids])
 
 
-@pytest.mark.parametrize("name", ["flow_grpo", "branch_mix", "tempflow"])
+@pytest.mark.parametrize("name", ["flow_grpo", "branch_mix", "tempflow", "sa_tree"])
 def test_process_split_and_chunk_size_change_nothing(name):
     plan = PLANS[name]()
     whole = run(plan, [10, 11, 12, 13])
