@@ -287,9 +287,11 @@ def test_every_preset_composes_with_every_model_config():
 @pytest.mark.parametrize("learner", ["diffusion_nft", "awm", "dgpo"])
 def test_forward_learners_train_on_window_and_tree_plans(learner, method, plan, tmp_path):
     """A forward-process learner takes the leaves of any plan: an SDE window for exploration (MixGRPO's, which
-    moves), or a BranchGRPO tree whose 4 leaves per prompt form the group (depth-wise leaf advantages)."""
+    moves), or a BranchGRPO tree whose 4 leaves per prompt form the group (depth-wise leaf advantages). Tied groups
+    train (A = 0) so that every leaf counts (skipping them: tests/engine/test_tied_and_diverse.py)."""
     trainer = analytic_trainer(tmp_path, learner, f"sampling.method={method}", f"sampling.plan={plan}", "train.iterations=3",
                                "learner.train_times=2", "learner.time_min=0.0", "eval.every=0", "log.samples_every=0",
+                               "advantage.tied_groups=train",
                                "log.gallery=false", *(["sampling.window.interval=1"] if method == "mixgrpo" else []))
     before = [p.detach().clone() for p in trainer.policy.params]
     last = trainer.train()
