@@ -142,7 +142,8 @@ def test_short_table_names_the_three_largest_items_of_the_rest():
 
 def test_one_preset_runs_and_its_model_time_is_inside_its_iteration(tiny_sd3_dir, tmp_path):
     overrides = [f"model.pretrained={tiny_sd3_dir}", f"output_dir={tmp_path}", "model.resolution=32", "model.lora_rank=4",
-                 "model.lora_alpha=4.0", "train.prompts_per_iteration=2", "sampling.plan.group_size=2", "sampling.plan.num_steps=4"]
+                 "model.lora_alpha=4.0", "train.prompts_per_iteration=2", "sampling.plan.group_size=2", "sampling.plan.num_steps=4",
+                 "advantage.tied_groups=train"]  # a pair that ties would drop its rows from the count below
     row = bench_overhead.run("sd3", "flow_grpo", overrides, warmup=0, iterations=1)
     calls = row["calls"]
     # rollout: 4 steps of one CFG call over 2 prompts x 2 samples; training: 3 trained steps x 4 samples in one micro-batch
