@@ -130,7 +130,7 @@ class AdvantageConfig:
     tree_value: str = "mean"  # BranchGRPO node value: mean of descendant leaves | path_weighted (softmax of β·log p(path))
     tree_beta: float = 1.0  # β of path_weighted node values
     best_of_n: int = 0  # DanceGRPO best-of-N: train only the top n/2 and bottom n/2 samples of each group (0 = all)
-    # a group whose rewards are all equal: skip (not trained on, counted in zero_std_group_fraction) | train (A = 0
+    # a group whose rewards are all equal (A = 0): skip (never computed, kept in the normalisers) | train (A = 0
     # rows stay in the loss, as the reference codes do: NFT's r = 1/2 term pulls toward θ_old, a KL term still acts)
     tied_groups: str = "skip"
     # GARDO's diversity-aware shaping: positive advantages times the sample's nearest-sibling cosine distance over

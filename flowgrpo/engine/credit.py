@@ -32,6 +32,11 @@ class Advantages:
 
     transitions: list[torch.Tensor]  # [M_b] per stored transition: the advantage of its x' node
     leaves: list[torch.Tensor]  # [L_b] per leaf (sample): group z-score (tree plans: the leaf node's depth-wise one)
+    # advantage.tied_groups=skip: bool masks of the transitions and leaves of tied groups (A = 0). The learners leave
+    # them out of every model call and keep them in the loss's normaliser, so the learning rate means what it does
+    # with every group trained; None: nothing is skipped
+    tied_transitions: list[torch.Tensor] | None = None
+    tied_leaves: list[torch.Tensor] | None = None
 
 
 def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, weights: torch.Tensor, cfg,
@@ -47,8 +52,9 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
     ``leaf_advantages`` are this process's, for the sample manifests.
 
     A group whose signal is the same for every member (``tied``) carries no preference: with
-    ``cfg.tied_groups="skip"`` its samples and transitions get NaN (not trained on, out of every normaliser),
-    with ``"train"`` A = 0 (the reference codes': NFT's r = ½ term still pulls toward θ_old, a KL still acts).
+    A = 0 for each member; with ``cfg.tied_groups="skip"`` the masks ``tied_*`` tell the learners to compute none
+    of it while keeping it in their normalisers; with ``"train"`` it is computed at A = 0 (the reference codes':
+    NFT's r = ½ term still pulls toward θ_old, a KL still acts).
     ``local_features`` [L, D] (this process's leaves' features, with ``cfg.diversity``) scale the positive
     advantages by each sample's diversity in its group (``diversity_scale``, GARDO)."""
     gpp = records[0].groups_per_prompt
@@ -63,14 +69,12 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
         scale = diversity_scale(gather(local_features.float()), all_g)
         leaf_adv_all = torch.where(leaf_adv_all > 0, leaf_adv_all * scale, leaf_adv_all)
         stats["advantage/diversity_scale_min"] = float(scale.min()) if scale.numel() else float("nan")
-    tied_all = tied_groups(signal_all, all_g)
-    if cfg.tied_groups == "skip":
-        leaf_adv_all = torch.where(tied_all, torch.full_like(leaf_adv_all, float("nan")), leaf_adv_all)
+    tied_all = tied_groups(signal_all, all_g) & ~torch.isnan(signal_all)
     start = rank * local_rewards.shape[0]
     leaf_adv = leaf_adv_all[start : start + local_rewards.shape[0]]
     signal = signal_all[start : start + local_rewards.shape[0]]
-    untied = ~tied_all[start : start + local_rewards.shape[0]] if cfg.tied_groups == "skip" else None
-    out, leaves, offset = [], [], 0
+    tied = tied_all[start : start + local_rewards.shape[0]]
+    out, leaves, tied_t, tied_l, offset = [], [], [], [], 0
     for rec in records:
         n = rec.num_leaves
         if tree:  # BranchGRPO: depth-wise advantages of node values
@@ -86,17 +90,20 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
             keep = best_of_n_mask(leaf_adv[offset : offset + n], rec.leaf_group, cfg.best_of_n)
             t_adv = torch.where(rec.transition_values(keep.float()) > 0.5, t_adv, torch.full_like(t_adv, float("nan")))
             l_adv = torch.where(keep, l_adv, torch.full_like(l_adv, float("nan")))
-        if untied is not None:  # a tied group (a tree: its node values are all equal) trains none of its transitions
-            mine = untied[offset : offset + n]
-            t_adv = torch.where(rec.transition_values(mine.float()) > 0.5, t_adv, torch.full_like(t_adv, float("nan")))
-            l_adv = torch.where(mine, l_adv, torch.full_like(l_adv, float("nan")))
+        # a tied group (a tree: all its node values equal) has A = 0 everywhere: its transitions' mask
+        mine = tied[offset : offset + n]
+        tied_l.append(mine)
+        tied_t.append(rec.transition_values(mine.float()) > 0.5)
+        l_adv = torch.where(mine & ~torch.isnan(l_adv), torch.zeros_like(l_adv), l_adv)
+        t_adv = torch.where(tied_t[-1] & ~torch.isnan(t_adv), torch.zeros_like(t_adv), t_adv)
         out.append(t_adv.clamp(-cfg.clip, cfg.clip))
         leaves.append(l_adv.clamp(-cfg.clip, cfg.clip))
         offset += n
     stats.update({"advantage/mean": float(torch.nanmean(leaf_adv_all)),
                   "advantage/abs_mean": float(torch.nanmean(leaf_adv_all.abs())),
                   "all_rewards": all_r, "leaf_rewards": local_rewards, "leaf_advantages": leaf_adv})
-    return Advantages(out, leaves), stats
+    skip = cfg.tied_groups == "skip"
+    return Advantages(out, leaves, tied_t if skip else None, tied_l if skip else None), stats
 
 
 def _group_stats(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -15,7 +15,10 @@ advises, averages of |G|² and tr(Σ) over recent measured steps are divided, ne
 and a value is given only when the averaged |G|² is at least two standard errors above 0 (otherwise
 a lower bound). The units must be drawn independently per step: a prompt set that a step covers
 whole (the analytic world's 8 prompts at 8 per step) turns the differences between prompts into a
-bias of −σ²_between/(P − 1) on |G|² (measured there: significantly negative).
+bias of −σ²_between/(P − 1) on |G|² (measured there: significantly negative). With
+``advantage.tied_groups=skip`` the units are the prompts a step trains: a tied prompt's gradient is exactly 0 and
+is never computed, so B_noise counts informative prompts, and a step with a single one gives no reading (the
+analytic world late in a run: 7 of 8 groups tie; ``tied_groups=train`` measures over every prompt).
 
 ``GradientProbe`` does the bookkeeping inside the policy (flowgrpo/engine/policy.py): ``after_backward(units)``
 after every micro-batch backward of a probed step (the difference of the accumulated gradients is that

@@ -77,7 +77,8 @@ def test_the_diagnostic_sees_the_signal_of_a_run_that_learns_and_none_in_noise(r
     """On the analytic world (d = 2, Flow-GRPO, 8 prompts per step drawn from 64 lines: the 8 prompts × 8,
     so a step's prompts are close to independent draws), probing every iteration for 60 iterations: with
     analytic_hit (which this run learns) a signal is detected and B_noise is a few batches (measured
-    21 prompts); with a reward that ignores the sample, none is detected."""
+    21 prompts); with a reward that ignores the sample, none is detected. Tied groups train at A = 0: late in the run
+    7 of 8 groups tie, and skipped they would leave one trained prompt a step, which no probe can split."""
     from flowgrpo.config import load_config
     from flowgrpo.run.paths import configs_dir
     from flowgrpo.engine.trainer import Trainer
@@ -89,7 +90,8 @@ def test_the_diagnostic_sees_the_signal_of_a_run_that_learns_and_none_in_noise(r
     cfg = load_config("flow_grpo", None, [f"output_dir={tmp_path}", "log.progress=false", "log.gallery=false",
                                           "train.iterations=60", "log.grad_noise_every=1", "eval.every=0",
                                           "log.samples_every=0", f"rewards=[{{name: '{reward}'}}]", f"prompts={prompts}",
-                                          "sampling.plan.group_size=8"], base=str(configs_dir() / "analytic.yaml"))
+                                          "sampling.plan.group_size=8", "advantage.tied_groups=train"],
+                    base=str(configs_dir() / "analytic.yaml"))
     trainer = Trainer(cfg)
     trainer.policy.probe.scale.window = 60
     trainer.train()

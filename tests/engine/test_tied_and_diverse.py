@@ -46,7 +46,8 @@ def assign(trainer, plan, batches, records, rewards, features=None, **changes):
 @pytest.mark.parametrize("preset", [None, "branchgrpo", "diffusion_nft"])
 @pytest.mark.parametrize("rewards,multi", [(1, "gdpo"), (2, "sum"), (2, "gdpo")])
 def test_a_tied_group_is_not_trained_on_and_the_others_are_unchanged(tmp_path, preset, rewards, multi):
-    """GDPO's batch z-score of the summed group z-scores gives a tied group −mean/std, not 0: skipped, it is NaN."""
+    """A tied group gets A = 0 (also under GDPO, whose batch z-score of the summed group z-scores would shift it);
+    skipped, its leaves and transitions are masked for the learners, the other groups' advantages unchanged."""
     trainer, plan, batches, records = rollout(tmp_path, preset, "train.prompts_per_iteration=4")
     groups = leaf_groups(batches, records)
     gen = torch.Generator().manual_seed(0)
@@ -58,31 +59,41 @@ def test_a_tied_group_is_not_trained_on_and_the_others_are_unchanged(tmp_path, p
     tied = groups == tied_group
     assert stats["zero_std_group_fraction"] == pytest.approx(1 / len(groups.unique()))
     leaves_s, leaves_t = torch.cat(skipped.leaves), torch.cat(trained.leaves)
-    assert torch.isnan(leaves_s[tied]).all() and not torch.isnan(leaves_s[~tied]).any()
-    assert torch.equal(leaves_s[~tied], leaves_t[~tied])  # the other groups' advantages are untouched
-    zero = rewards == 1 or multi == "sum"  # trained: A = 0 exactly (GDPO: one constant for the group)
-    assert torch.equal(leaves_t[tied], torch.zeros(int(tied.sum()))) if zero else leaves_t[tied].unique().numel() == 1
+    assert torch.equal(leaves_s, leaves_t) and trained.tied_leaves is None and trained.tied_transitions is None
+    assert torch.equal(torch.cat(skipped.tied_leaves), tied)
+    assert torch.equal(leaves_t[tied], torch.zeros(int(tied.sum()))) and not torch.isnan(leaves_t).any()
+    assert (leaves_t[~tied] != 0).all()
     if not trainer.learner.needs_transitions:
         return
     offset = 0
-    for rec, ts, tt in zip(records, skipped.transitions, trained.transitions):
+    for rec, ts, tt, mask in zip(records, skipped.transitions, trained.transitions, skipped.tied_transitions):
         mine = tied[offset : offset + rec.num_leaves]
         of_tied = rec.transition_values(mine.float()) > 0.5
-        assert of_tied.any() and torch.isnan(ts[of_tied]).all() and not torch.isnan(ts[~of_tied]).any()
-        assert torch.equal(tt[of_tied], torch.zeros(int(of_tied.sum()))) or not zero
-        assert torch.equal(ts[~of_tied], tt[~of_tied])
+        assert of_tied.any() and torch.equal(mask, of_tied) and torch.equal(ts, tt)
+        assert torch.equal(tt[of_tied], torch.zeros(int(of_tied.sum())))
         offset += rec.num_leaves
 
 
-def test_the_forward_learners_never_see_a_tied_sample(tmp_path):
+def test_the_forward_learners_never_compute_a_tied_sample_and_normalise_as_if_they_did(tmp_path):
     trainer, plan, batches, records = rollout(tmp_path, "diffusion_nft", "train.prompts_per_iteration=4")
     groups = leaf_groups(batches, records)
     r = torch.rand(len(groups), 1, generator=torch.Generator().manual_seed(1))
     r[groups == int(groups[0])] = 1.0
     from flowgrpo.engine.learners import Rollouts
     skipped, _ = assign(trainer, plan, batches, records, r, tied_groups="skip")
-    seen = {s.group for s in trainer.learner.samples(Rollouts(0, plan, batches, skipped))}
-    assert int(groups[0]) not in seen and len(seen) == len(groups.unique()) - 1
+    samples = trainer.learner.samples(Rollouts(0, plan, batches, skipped))
+    assert {s.group for s in samples if s.tied} == {int(groups[0])} and len(samples) == len(groups)
+    by_group, trained = {}, {}
+    for i, s in enumerate(samples):
+        by_group.setdefault(s.group, []).append(i)
+        if not s.tied:
+            trained.setdefault(s.group, []).append(i)
+    chunk = sorted(by_group)
+    parts = trainer.learner.micro_batches(chunk, {g: trained.get(g, []) for g in chunk}, samples, 10**6)
+    computed = {m.sample.group for part in parts for m in part}
+    assert int(groups[0]) not in computed and len(computed) == len(chunk) - 1
+    K = trainer.cfg.learner.train_times
+    assert trainer.learner.normalisation(samples, chunk, by_group) == len(samples) * K  # tied rows counted
 
 
 def test_diversity_scale_hand_cases():
@@ -123,3 +134,28 @@ def test_a_run_whose_groups_stay_tied_says_so_once(tmp_path, capsys):
     assert len(lines) == 1, lines
     assert "100% of the groups had equal rewards over iterations 1-5" in lines[0]
     assert "not trained on" in lines[0] and "sampling.plan.group_size" in lines[0]
+
+
+@pytest.mark.parametrize("preset", ["flow_grpo", "diffusion_nft", "dgpo"])
+def test_skipping_tied_groups_takes_the_step_training_them_at_zero_takes(tmp_path, preset):
+    """One iteration with some groups tied (a prompt every sample hits) and some not: skipping the tied groups leaves
+    them out of every model call but in the normaliser, so the first step (θ_old = θ, no KL) equals the step that
+    trains them at A = 0. Normalising by the untied groups alone would scale it up by their fraction's inverse."""
+    prompts = tmp_path / "mixed.txt"
+    prompts.write_text("modes 0, 1, 2 and 3\nmode 0\nmode 1\nmodes 0, 1, 2 and 3\n")
+    deltas, fractions, norms = {}, {}, {}
+    for tied in ("skip", "train"):
+        cfg = load_config(preset, None, [f"output_dir={tmp_path / tied}", "resume=false", "log.progress=false",
+                                         "log.gallery=false", "log.samples_every=0", "eval.every=0", "eval.at_start=false",
+                                         "log.save_every=0", f"prompts={prompts}", "train.prompts_per_iteration=4",
+                                         "train.iterations=1", f"advantage.tied_groups={tied}", "loss.kl_coef=0",
+                                         "learner.kl_coef=0"], base=str(configs_dir() / "analytic.yaml"))
+        trainer = Trainer(cfg)
+        before = [p.detach().clone() for p in trainer.policy.params]
+        last = trainer.train()
+        deltas[tied] = torch.cat([(p.detach() - b).flatten() for p, b in zip(trainer.policy.params, before)])
+        fractions[tied], norms[tied] = last["zero_std_group_fraction"], last["grad_norm"]
+    assert 0 < fractions["skip"] < 1 and fractions["skip"] == fractions["train"]
+    assert norms["skip"] == pytest.approx(norms["train"], rel=1e-4) and norms["train"] > 0  # Adam's step hides a scale
+    scale = float(deltas["train"].abs().max())
+    assert scale > 0 and torch.allclose(deltas["skip"], deltas["train"], rtol=1e-4, atol=1e-4 * scale)

@@ -56,6 +56,7 @@ class Sample:
     advantage: float  # clipped to ±adv_max
     group: int  # global advantage group (prompt slot · groups per prompt + local group)
     key: tuple  # seed parts of its draws: (slot, node) or, with share_draws=group, (slot, group)
+    tied: bool = False  # of a tied group (advantage.tied_groups=skip): in the normaliser, never computed
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class ForwardLearner(Learner):
     # ---------------------------------------------------------------- the data
     def samples(self, rollouts: Rollouts) -> list[Sample]:
         clip = self.cfg.learner.adv_max
-        out = []
+        out, masks = [], rollouts.advantages.tied_leaves
         for bi, (b, adv) in enumerate(zip(rollouts.batches, rollouts.advantages.leaves)):
             rec = b.record
             gpp = rec.groups_per_prompt
@@ -112,7 +113,8 @@ class ForwardLearner(Learner):
                 slot = b.slots[int(rec.leaf_prompt[i])]
                 local_group = int(rec.leaf_group[i]) % gpp
                 key = (slot, local_group) if self.cfg.learner.share_draws == "group" else (slot, 1_000_000 + int(rec.leaf_node[i]))
-                out.append(Sample(bi, i, max(-clip, min(clip, a)), slot * gpp + local_group, key))
+                out.append(Sample(bi, i, max(-clip, min(clip, a)), slot * gpp + local_group, key,
+                                  masks is not None and bool(masks[bi][i])))
         return out
 
     def draws(self, sample: Sample, epoch: int, space: DrawSpace):
@@ -206,6 +208,7 @@ class ForwardLearner(Learner):
         for i, s in enumerate(samples):
             by_group.setdefault(s.group, []).append(i)
         group_ids = sorted(by_group)
+        trained = {g: [i for i in members if not samples[i].tied] for g, members in by_group.items()}
         space = DrawSpace.of(rollouts, policy.latent_shape)
         diag: dict[str, list] = {"loss": [], "grad_norm": []}
         contract: list[float] = []
@@ -220,9 +223,9 @@ class ForwardLearner(Learner):
                 # least two, up to four), so that each is a small-batch gradient over its prompts
                 limit, unit = t_cfg.micro_batch, None
                 if policy.probe.active:
-                    limit = min(limit, -(-sum(len(by_group[g]) for g in chunk) * self.cfg.learner.train_times // 4))
+                    limit = min(limit, -(-sum(len(trained[g]) for g in chunk) * self.cfg.learner.train_times // 4))
                     unit = "group"
-                parts = self.micro_batches(chunk, by_group, samples, limit, unit)
+                parts = self.micro_batches(chunk, trained, samples, limit, unit)
                 for members, real in policy.matched(parts, lambda: [self.stand_in(rollouts)]):
                     loss, d = self.micro_loss(members, rollouts.batches, epoch, space, first=epoch == 0 and u == 0)
                     if not real:  # the same model calls as the other processes, no gradient, no diagnostics
@@ -234,7 +237,7 @@ class ForwardLearner(Learner):
                         diag.setdefault(key, []).append(value.detach().float().reshape(-1).cpu())
                     if epoch == 0 and u == 0 and self.contract_metric:
                         contract.append(float(d[self.contract_metric].max()))
-                norm, probed = policy.step(len({samples[i].key[0] for g in chunk for i in by_group[g]}))
+                norm, probed = policy.step(len({samples[i].key[0] for g in chunk for i in trained[g]}))
                 diag["grad_norm"].append(torch.tensor([norm]))
         cat = {k: torch.cat(v) for k, v in diag.items() if v}
         # the loss summed over processes (each process's share is normalised globally), the contract's worst row
@@ -243,7 +246,7 @@ class ForwardLearner(Learner):
         metrics = {
             "loss": float(every[:, 0].sum()) / max(1, t_cfg.inner_epochs),
             "grad_norm": float(cat["grad_norm"].mean()) if "grad_norm" in cat else 0.0,
-            "trained_samples": int(policy.gather(torch.tensor([len(samples)])).sum()),
+            "trained_samples": int(policy.gather(torch.tensor([sum(not s.tied for s in samples)])).sum()),
             "skipped_steps": policy.skipped_steps - skipped_before,
         }
         metrics.update({f"{self.name}/{k}": float(v.mean()) for k, v in cat.items() if k not in ("loss", "grad_norm")})

@@ -54,6 +54,8 @@ class TransitionLearner(Learner):
         policy, cfg, t = self.policy, self.cfg, self.cfg.train
         batches = rollouts.batches
         rows = []  # (batch, row, advantage, coefficient, group, prompt slot)
+        tied = set()  # rows of tied groups (advantage.tied_groups=skip): normalised as trained, never computed
+        masks = rollouts.advantages.tied_transitions
         for bi, (b, adv) in enumerate(zip(batches, rollouts.advantages.transitions)):
             rec = b.record
             weights = rec.loss_weight * step_weights(cfg.loss.step_weight, rec.kernel_names(), rec.sigma, rec.sigma_next, rec.eta)
@@ -62,6 +64,8 @@ class TransitionLearner(Learner):
             slots = slots.tolist()
             for r in range(rec.num_transitions):
                 if not math.isnan(float(adv[r])):
+                    if masks is not None and bool(masks[bi][r]):
+                        tied.add(len(rows))
                     rows.append((bi, r, float(adv[r]), float(weights[r]), groups[r], slots[r]))
         # normalisation: each group (or tree) weighs the same, whatever its number of transitions
         counts: dict[int, int] = {}
@@ -79,7 +83,7 @@ class TransitionLearner(Learner):
             order = seeded_permutation(len(group_ids), t.seed, 11, rollouts.iteration, epoch).tolist()
             chunks = [set(group_ids[i] for i in order[u :: t.updates_per_epoch]) for u in range(t.updates_per_epoch)]
             for u, chunk in enumerate(chunks):
-                selected = [i for i, row in enumerate(rows) if row[4] in chunk]
+                selected = [i for i, row in enumerate(rows) if row[4] in chunk and i not in tied]
                 policy.zero_grad()
                 parts = self._micro_batches(selected, rows, t.micro_batch, policy.probe.active)
                 for part, real in policy.matched(parts, lambda: [0] if rows else None):
@@ -112,7 +116,7 @@ class TransitionLearner(Learner):
             "approx_kl": float(cat["approx_kl"].mean()) if cat["approx_kl"].numel() else 0.0,
             "kl_ref": float(cat["kl"].mean()) if cat["kl"].numel() else 0.0,
             "grad_norm": float(cat["grad_norm"].mean()) if cat["grad_norm"].numel() else 0.0,
-            "trained_transitions": total_rows,
+            "trained_transitions": int(policy.gather(torch.tensor([len(rows) - len(tied)])).sum()),
             "skipped_steps": policy.skipped_steps - skipped_before,  # optimizer steps without gradient, not taken
         }
         metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
@@ -132,6 +136,8 @@ class TransitionLearner(Learner):
         for i in selected:
             prompts.setdefault(rows[i][5], []).append(i)
         order = list(prompts)
+        if not order:  # every group of the step tied (or masked): nothing to compute
+            return []
         parts = max(1, min(4, len(order)))
         per = -(-len(order) // parts)
         return [[i for slot in order[k : k + per] for i in prompts[slot]] for k in range(0, len(order), per)]
