@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from flowgrpo.engine.credit import Advantages
 from flowgrpo.engine.learners import Rollouts
 from test_forward_learners import analytic_trainer
 from tolerance import assert_close_ulps
@@ -84,7 +85,7 @@ def hand_rollouts(trainer, leaves):
     )
     batch = SimpleNamespace(record=record, slots=list(range(prompts)),
                             cond=model.encode_prompts([f"mode {p}" for p in range(prompts)]))
-    advantages = SimpleNamespace(leaves=[torch.tensor([leaf[3] for leaf in leaves], dtype=torch.float64)])
+    advantages = Advantages([], [torch.tensor([leaf[3] for leaf in leaves], dtype=torch.float64)])
     learner.keys_seen = {}
 
     def draws(sample, epoch, space):
