@@ -65,9 +65,10 @@ def pixel_features(media: torch.Tensor, size: int = 16) -> torch.Tensor:
     return F.interpolate(x.flatten(0, 1), size=(size, size), mode="area").reshape(n, -1)
 
 
-def diversity(media: torch.Tensor, prompts: list[str], size: int = 16) -> torch.Tensor:
-    """Each sample's prompt's mean pairwise RMS distance between its samples at ``size``×``size`` (NaN alone)."""
-    small = pixel_features(media, size)
+def diversity(media: torch.Tensor, prompts: list[str], size: int = 16, features: torch.Tensor | None = None) -> torch.Tensor:
+    """Each sample's prompt's mean pairwise RMS distance between its samples (NaN alone): in ``features`` [N, D] when
+    given (a reward model's embedding), else the samples' pixels at ``size``×``size``."""
+    small = pixel_features(media, size) if features is None else features.float().flatten(1)
     n = small.shape[0]
     out = torch.full((n,), math.nan)
     groups: dict[str, list[int]] = {}

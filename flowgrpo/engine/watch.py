@@ -9,8 +9,9 @@ again with the run's guards (``eval.guards``), no extra sampling:
   ``brightness`` mean luminance (Rec. 601 weights), ``saturation`` mean of (max − min)/max over the pixels'
   RGB, ``high_frequency`` the mean squared 4-neighbour Laplacian (grid and noise artifacts raise it), and
   for videos ``flicker``, the mean absolute change between consecutive frames;
-- ``diversity``: a prompt's mean pairwise distance between its samples (RMS over pixels of the samples
-  downsampled to 16×16), given to each of its samples;
+- ``diversity``: a prompt's mean pairwise distance between its samples, given to each of its samples: in the
+  image embedding of a guard reward built on CLIP when one is listed (``eval.guards=[diversity, pickscore]``),
+  else RMS over the pixels of the samples downsampled to 16×16;
 - any reward by name (registered or ``module:Class``), scored on the same samples.
 
 Each guard has a good direction: up for rewards and diversity, down for high_frequency and flicker, none for
@@ -40,9 +41,10 @@ from rewards.stats import brightness, diversity, flicker, high_frequency, satura
 STATISTICS = ("brightness", "saturation", "high_frequency", "diversity", "flicker")
 HELD_OUT = "held_out"  # the guard that is the held-out reward's scores themselves
 DIRECTION = {"brightness": 0, "saturation": 0, "high_frequency": -1, "flicker": -1, "diversity": 1}  # rewards: +1
-def statistic(name: str, media: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+def statistic(name: str, media: torch.Tensor, prompts: list[str], embed=None) -> torch.Tensor:
+    """``embed``: images [N, 3, H, W] in [0, 1] -> features [N, D] (a loaded reward model's), used by diversity."""
     if name == "diversity":
-        return diversity(media, prompts)
+        return diversity(media, prompts, features=embed(media) if embed is not None and media.dim() == 4 else None)
     return {"brightness": brightness, "saturation": saturation, "high_frequency": high_frequency,
             "flicker": flicker}[name](media).cpu()
 
@@ -128,6 +130,15 @@ class Watch:
             if lines:
                 self.baseline = json.loads(lines[0])
 
+    def embedder(self):
+        """The image embedding of the first guard reward built on a CLIP backbone (``reward.clip.image_features``:
+        PickScore, CLIPScore), for the diversity guard; None: diversity is measured on downsampled pixels."""
+        for reward in self.rewards.values():
+            backbone = getattr(reward, "clip", None)
+            if callable(getattr(backbone, "image_features", None)):
+                return lambda media, r=reward, b=backbone: b.image_features(r.to_uint8(media.float().cpu()))
+        return None
+
     @property
     def active(self) -> bool:
         return bool(self.rewards or self.statistics or self.held_out)
@@ -135,7 +146,7 @@ class Watch:
     def score(self, media: torch.Tensor, prompts: list[str], metadata,
               held_out: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         values = {HELD_OUT: held_out.detach().double().cpu()} if self.held_out and held_out is not None else {}
-        values |= {name: statistic(name, media, prompts) for name in self.statistics}
+        values |= {name: statistic(name, media, prompts, self.embedder()) for name in self.statistics}
         for name, reward in self.rewards.items():
             values[name] = reward(media.float().cpu(), prompts, metadata).scores.cpu()
         return values

@@ -195,3 +195,34 @@ def test_the_training_rise_is_of_the_weighted_objective_so_a_minimised_reward_ri
         assert math.isnan(scoring.objective({"reward/toy_mean": 0.4}))
     finally:
         scoring.close()
+
+
+class _Backbone:
+    """image_features: uint8 images -> a 2-d embedding that sees only the mean of the red channel."""
+
+    def image_features(self, images):
+        red = images[:, 0].float().mean((1, 2)) / 255.0
+        return torch.stack([red, torch.zeros_like(red)], 1)
+
+
+class EmbeddingGuard(Reward):
+    name = "embedding_guard"
+    modality = "image"
+
+    def __init__(self):
+        self.clip = _Backbone()
+
+    def score_uint8(self, images, prompts, metadata):
+        return RewardOutput(torch.zeros(images.shape[0]))
+
+
+def test_diversity_uses_a_loaded_clip_reward_embedding_and_pixels_otherwise(tmp_path):
+    cfg = SimpleNamespace(eval=SimpleNamespace(guards=["diversity", "test_watch:EmbeddingGuard"]))
+    watch = Watch(cfg, tmp_path, "image")
+    images = torch.zeros(2, 3, 16, 16)
+    images[0, 1], images[1, 2] = 1.0, 1.0  # green vs blue: far apart in pixels, equal red: 0 in the embedding
+    assert float(watch.score(images, ["p", "p"], None)["diversity"][0]) == 0.0
+    plain = Watch(SimpleNamespace(eval=SimpleNamespace(guards=["diversity"])), tmp_path, "image")
+    assert plain.embedder() is None and float(plain.score(images, ["p", "p"], None)["diversity"][0]) > 0.5
+    images[1, 0] = 1.0  # now the red means differ by 1: the embedding's distance is 1/sqrt(2) (RMS over 2 dims)
+    close(watch.score(images, ["p", "p"], None)["diversity"], [2 ** -0.5] * 2)
