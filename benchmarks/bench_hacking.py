@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import shutil
 import time
 from pathlib import Path
+
+from parallel import map_jobs
 
 # each hack: (the reward's dotted path, its weight); darkness minimises mean brightness, greyness mean saturation
 HACKS = {"brightness": ("rewards.stats:MeanBrightness", 1.0), "darkness": ("rewards.stats:MeanBrightness", -1.0),
@@ -135,11 +136,7 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown defence {unknown[0]!r}; choose from {', '.join(DEFENCES)}")
     jobs = [(s, args.hack, d, args.iterations, args.eval_every, threads, args.overrides) for d in defences for s in seeds]
-    if args.jobs > 1:
-        with mp.get_context("spawn").Pool(args.jobs) as pool:
-            results = pool.map(run_seed, jobs)
-    else:
-        results = [run_seed(j) for j in jobs]
+    results = map_jobs(run_seed, jobs, args.jobs)
     for res in results:
         print(f"\nhack {res['hack']}, defence {res['defence']}, seed {res['seed']}: held-out toy fell by 2 SE first at "
               f"iteration {res['fell_2se']}; "

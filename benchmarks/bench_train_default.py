@@ -25,9 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import multiprocessing as mp
 import time
 from pathlib import Path
+
+from parallel import map_jobs
 
 TARGET = {"image": 0.15, "video": 0.10}
 
@@ -171,11 +172,7 @@ def main() -> None:
     seeds = [int(s) for s in (args.seeds or ("0,1" if args.video else "0,1,2")).split(",")]
     jobs = [(s, args.video, minutes, args.eval_every, args.overrides, 1 if args.jobs > 1 else 0,
              args.preset, args.tag, args.control) for s in seeds]
-    if args.jobs > 1:
-        with mp.get_context("spawn").Pool(args.jobs) as pool:
-            results = pool.map(run_seed, jobs)
-    else:
-        results = [run_seed(job) for job in jobs]
+    results = map_jobs(run_seed, jobs, args.jobs)
     out = Path(results[0]["run_dir"]).parent / f"bench-default{'-t2v' if args.video else ''}{args.tag}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.json").write_text(json.dumps([{k: v for k, v in r.items()} for r in results], indent=1))

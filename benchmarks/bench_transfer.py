@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import re
 import shutil
 from pathlib import Path
+
+from parallel import map_jobs
 
 
 class TransferSpecError(ValueError):
@@ -123,11 +124,7 @@ def main() -> None:
         raise SystemExit(f"--iterations ({args.iterations}) and --every ({args.every}) must be at least 1")
     jobs = [(spec, args.iterations, args.every, args.overrides, 1 if args.jobs > 1 else 0) for spec in specs]
     try:  # a bad task, prompt or held-out set is refused before training, in one line naming the fix
-        if args.jobs > 1:
-            with mp.get_context("spawn").Pool(args.jobs) as pool:
-                results = pool.map(run_job, jobs)
-        else:
-            results = [run_job(job) for job in jobs]
+        results = map_jobs(run_job, jobs, args.jobs)
     except TransferSpecError as exc:
         raise SystemExit(f"bench_transfer: {exc}") from None
 
