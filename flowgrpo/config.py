@@ -2,7 +2,7 @@
 
 A run's config is built in layers, later ones winning:
   configs/default.yaml  →  configs/presets/<method>.yaml  →  configs/models/<model>.yaml (under
-  ``model``)  →  ``key=value`` overrides from the command line.
+  ``model``)  →  the preset's paper recipe (real models only)  →  ``key=value`` overrides from the command line.
 The first layer is the entry point's embedded default: ``configs/default.yaml`` (train_t2i.py, the
 tiny SD3 on toy images) or ``configs/default_t2v.yaml`` (train_t2v.py, the tiny Wan on toy videos),
 chosen with ``load_config(..., default=...)``.
@@ -221,6 +221,9 @@ class LearnerConfig:
     logit_mean: float = 0.0  # logit_normal: t = shift(sigmoid(N(mean, std))) with the rollout's time shift
     logit_std: float = 1.0
     share_draws: str = "sample"  # sample (each its own t and ε) | group (one t and ε per group and draw: DGPO)
+    # draw (the K times drawn with each draw's ε, shared as share_draws says) | iteration (one set of K times per
+    # iteration and inner epoch for every sample, ε still per share_draws: DGPO's code)
+    share_times: str = "draw"
     train_guidance: str = "conditional"  # conditional (CFG-free training) | cfg (sampling.guidance_scale, as the rollout)
     adv_max: float = 5.0  # A_max: advantages clipped to ±A_max (NFT's optimality probability, AWM's scale)
     kl_coef: float = 0.0  # v-space KL to the reference policy: kl_coef·mean_D(v_θ − v_ref)²
@@ -231,6 +234,7 @@ class LearnerConfig:
                              "time_sampler": one_of("plan", "stratified", "uniform", "logit_normal"),
                              "time_min": between(0, 1), "time_max": between(0, 1), "logit_mean": FINITE,
                              "logit_std": above(0), "share_draws": one_of("sample", "group"),
+                             "share_times": one_of("draw", "iteration"),
                              "train_guidance": one_of("conditional", "cfg"), "adv_max": above(0), "kl_coef": at_least(0)}
 
 
@@ -240,6 +244,10 @@ class TrainConfig:
     prompts_per_iteration: int = 8  # prompts per iteration over all processes (each with its whole group)
     inner_epochs: int = 1  # passes over each iteration's transitions
     updates_per_epoch: int = 1  # optimizer steps per pass (transitions split evenly, whole groups kept)
+    # what an update's share of the pass is made of: groups (whole groups or trees, each weighed as one) |
+    # transitions (the transition learner: every trained transition shuffled across groups and cut into
+    # updates_per_epoch equal parts, BranchGRPO's stepping; each still carries its group's normalising weight)
+    update_split: str = "groups"
     micro_batch: int = 64  # transitions per forward/backward (gradient accumulation inside an update)
     learning_rate: float = 3e-4
     # the learning rate over the run, a pure function of the iteration (resumes need no scheduler state):
@@ -264,7 +272,7 @@ class TrainConfig:
     max_iterations_without_reward: int = 3
     RULES: ClassVar[dict] = {
         "iterations": at_least(1), "prompts_per_iteration": at_least(1), "inner_epochs": at_least(1),
-        "updates_per_epoch": at_least(1), "micro_batch": at_least(1), "learning_rate": at_least(0),
+        "updates_per_epoch": at_least(1), "update_split": one_of("groups", "transitions"), "micro_batch": at_least(1), "learning_rate": at_least(0),
         "lr_schedule": one_of("constant", "cosine", "linear"), "lr_final": between(0, 1), "weight_decay": at_least(0),
         "adam_betas": BETAS, "grad_clip": at_least(0), "ema_decay": Rule(lambda v: _number(v) and 0 <= v < 1,
                                                                           "a number in [0, 1) (0 = off)"),
@@ -418,8 +426,9 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
     Two worlds (docs/presets.md). With no ``model`` or a tiny-world model config (TINY_WORLD_MODELS), the default's
     ``tiny:`` block (its CPU-scaled training settings) follows the default. With a real model config, that block is
     left out and the preset's paper recipe follows the preset (``recipe:``, then ``recipe_by_reward:`` for the rewards
-    trained on, then ``recipe_by_family:`` for the model's family, the most specific); with no preset, the recipe of
-    the default's method (``recipe_preset:``). Overrides always win.
+    trained on, then ``recipe_by_family:`` for the model's family, the most specific), after the model config, so a
+    family's recipe may set model keys (the paper's text length, full fine-tuning); with no preset, the recipe of the
+    default's method (``recipe_preset:``). Overrides always win.
 
     ``default`` is the embedded default: a name in configs/ ("default" for text-to-image,
     "default_t2v" for text-to-video) or a YAML file."""
@@ -455,8 +464,15 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
             names = {(r.get("name") if isinstance(r, dict) else r.name) for r in rewards}
             table = recipes["recipe_by_reward"]
             by_reward = table.get(names.pop()) if len(names) == 1 else table.get("several") if names else None
-        layers += [recipes.get("recipe"), by_reward, (recipes.get("recipe_by_family") or {}).get(family)]
-    layers.append(model_layer)
+        for name, block in (("recipe", recipes.get("recipe")), ("recipe_by_reward", by_reward)):
+            if block is not None and "model" in block:
+                raise ConfigError(f"preset {method!r}: its {name} block sets model keys ({', '.join(block.model)}); a "
+                                  "paper's model settings go under recipe_by_family.<family>, the family it trained")
+        # the model config first, then the paper's recipe: a family's recipe may set how the paper ran that model
+        # (its text length, full fine-tuning), which the model config's generic values would otherwise hide
+        layers += [model_layer, recipes.get("recipe"), by_reward, (recipes.get("recipe_by_family") or {}).get(family)]
+    else:
+        layers.append(model_layer)
     if real:  # a real run is not the tiny world's: named after its model and method unless run_name is given
         layers.append(OmegaConf.create({"run_name": f"{Path(model).stem}-{Path(method).stem if method else 'default'}"}))
     cfg: Config = OmegaConf.to_object(_merge(schema, [*layers, dotlist], overrides))
@@ -577,11 +593,20 @@ def validate(cfg: Config) -> None:
             f"train.prompts_per_iteration={t.prompts_per_iteration} is not divisible by "
             f"sampling.batches_per_iteration={cfg.sampling.batches_per_iteration}"
         )
-    if t.updates_per_epoch > t.prompts_per_iteration:
+    kl = cfg.loss.kl_coef if cfg.learner.name == "transition" else cfg.learner.kl_coef
+    if cfg.model.reference == "none" and (kl > 0 or cfg.learner.name == "dgpo"):
+        what = "DGPO's preference term" if cfg.learner.name == "dgpo" else f"a KL coefficient of {kl}"
+        raise ConfigError(f"{what} needs the reference policy, and model.reference='none' loads none; set "
+                          "model.reference=auto (a LoRA's disabled adapter, or a frozen copy for full fine-tuning)")
+    if t.updates_per_epoch > t.prompts_per_iteration and t.update_split == "groups":
         raise ConfigError(
             f"train.updates_per_epoch={t.updates_per_epoch} > train.prompts_per_iteration={t.prompts_per_iteration}: "
-            "each update needs at least one whole group; lower updates_per_epoch"
+            "each update needs at least one whole group; lower updates_per_epoch (or split updates by transitions: "
+            "train.update_split=transitions)"
         )
+    if t.update_split == "transitions" and cfg.learner.name != "transition":
+        raise ConfigError(f"train.update_split=transitions shuffles stored transitions, which learner.name="
+                          f"{cfg.learner.name!r} does not train on; use train.update_split=groups")
     lc = cfg.learner
     if not lc.time_min < lc.time_max:
         raise ConfigError(f"learner.time_min={lc.time_min} < learner.time_max={lc.time_max} is needed: training times are "

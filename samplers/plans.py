@@ -106,6 +106,9 @@ class Plan:
     train_subset: int | None = None  # each root trains a random subset of this many trained steps
     name: str = "custom"
     shift: float | None = None  # the time shift the grid was built with (None: a grid given as it is)
+    # the grid before grid_ends edited its ends (AWM's SA-Solver rollouts), which forward learners draw training
+    # times from as the reference codes do (their scheduler's timesteps); None: ``sigmas``
+    unedited_sigmas: torch.Tensor | None = None
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -296,7 +299,7 @@ def compose_plan(
         sigmas = flash_grid(T, shift, window_end, post_window_ratio, shift_terminal)
     else:
         sigmas = time_grid(T, shift, shift_terminal, grid)
-    sigmas = edit_grid_ends(sigmas, grid_ends)
+    unedited, sigmas = sigmas, edit_grid_ends(sigmas, grid_ends)
     lo, hi = (float(w) for w in sa_tau_window)
     if not 0.0 <= lo <= hi <= 1.0:
         raise ValueError(f"sa_tau_window must be [lo, hi] with 0 ≤ lo ≤ hi ≤ 1, got {list(sa_tau_window)}")
@@ -346,6 +349,7 @@ def compose_plan(
         train_subset=subset,
         name=name,
         shift=float(shift),
+        unedited_sigmas=None if sigmas is unedited else unedited,
     )
 
 

@@ -47,10 +47,10 @@ def step_weights(kind: str, kernels: list[str], sigma, sigma_next, eta) -> torch
             _, b, s = kernel_coefficients(name, sigma[rows].double(), sigma_next[rows].double(), eta[rows].double())
             g[rows] = (b.abs() / s).double()
         # median over the distinct steps (not over rows: a step with more transitions must not count
-        # more), interpolated for an even number of steps
+        # more); for an even number of steps the lower middle one, as torch.median in SAGE's code
         _, first = torch.unique(torch.stack([sigma.double(), sigma_next.double()], 1), dim=0, return_inverse=True)
         per_step = torch.zeros(int(first.max()) + 1, dtype=torch.float64, device=g.device).index_copy_(0, first, g)
-        return (torch.quantile(per_step, 0.5) / g).float()
+        return (torch.median(per_step) / g).float()
     raise ValueError(f"step_weight={kind!r}; use none, inv_delta or sage")
 
 

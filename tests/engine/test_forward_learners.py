@@ -359,3 +359,47 @@ def test_awms_stratified_draw_on_its_14_step_grid(tmp_path, time_max, first, mea
     assert exact == pytest.approx(mean, abs=1e-3)
     se = draws.mean(1).std().item() / 2000 ** 0.5
     assert abs(draws.mean().item() - exact) < 3 * se + 1e-6
+
+
+def test_awm_draws_its_times_from_the_scheduler_grid_not_the_edited_rollout_ends():
+    """AWM's SA-Solver rollout edits its grid's ends (t_0 = 1 − 1e-3, t_-2 = t_-3/2) on the scheduler's sigmas, but its
+    training reads the scheduler's unedited timesteps (train_sd3_awm.py:909, 1180): the PickScore draw at index 0 is
+    t = 1 exactly. The rollout keeps the edit; the draw space does not (fails if DrawSpace reads plan.sigmas)."""
+    from types import SimpleNamespace
+
+    import samplers
+    from flowgrpo.engine.learners.forward import DrawSpace
+    from samplers.grids import time_grid
+
+    plan = samplers.compose_plan(14, shift=3.0, grid="scheduler", kernel="ode", solver="sa_solver", grid_ends="awm",
+                                 group_size=2)
+    assert float(plan.sigmas[0]) == pytest.approx(1 - 1e-3, rel=1e-12)
+    space = DrawSpace.of(SimpleNamespace(plan=plan, iteration=0), (2,))
+    assert torch.equal(space.grid, time_grid(14, 3.0, spacing="scheduler")[:-1].float())
+    assert float(space.grid[0]) == 1.0
+    exact = samplers.compose_plan(14, shift=3.0, grid="scheduler", kernel="ode", solver="sa_solver", group_size=2)
+    assert exact.unedited_sigmas is None and torch.equal(DrawSpace.of(SimpleNamespace(plan=exact, iteration=0), (2,)).grid,
+                                                         exact.sigmas[:-1].float())
+
+
+@pytest.mark.parametrize("share_times", ["draw", "iteration"])
+def test_dgpo_code_draws_one_set_of_times_an_iteration_for_every_group(tmp_path, share_times):
+    """DGPO's code draws its K training times once an inner epoch for every group (rank 0's random.sample over grid
+    indices 0..trunc_steps, broadcast: train_sd3_dgpo.py:67-72, 1062-1064) while ε stays per group
+    (learner.share_times=iteration); share_times=draw gives each group its own times. Another epoch draws anew."""
+    from flowgrpo.engine.learners.forward import DrawSpace, Sample
+    from samplers.grids import time_grid
+
+    trainer = analytic_trainer(tmp_path, "dgpo", f"learner.share_times={share_times}", "learner.time_min=0.0")
+    space = DrawSpace(iteration=3, grid=time_grid(10, 3.0, spacing="scheduler")[:-1].float(), shift=3.0, latent=(2,))
+    draw = trainer.learner.draws
+    t = {g: draw(Sample(0, g, 0.0, g, (g, 0)), 0, space) for g in range(8)}
+    same_group = draw(Sample(0, 99, 0.0, 0, (0, 0)), 0, space)
+    assert torch.equal(same_group[0], t[0][0]) and torch.equal(same_group[1], t[0][1])  # a group shares (t, ε)
+    assert len({tuple(v[1].flatten().tolist()) for v in t.values()}) == 8  # ε: each group its own
+    times = {tuple(v[0].tolist()) for v in t.values()}
+    if share_times == "iteration":
+        assert len(times) == 1
+        assert not torch.equal(draw(Sample(0, 0, 0.0, 0, (0, 0)), 1, space)[0], t[0][0])  # the next epoch: anew
+    else:
+        assert len(times) > 4  # 8 groups, 4 of 10 points each

@@ -306,6 +306,9 @@ def test_step_weights_sage_equalizer_against_math():
     assert got.dtype == torch.float32
     close(got, expected, rtol=1e-6)
     assert sorted(got.tolist())[2] == 1.0  # the median step keeps weight one
+    # four steps (even count): the lower middle g, as torch.median in SAGE's code (not the interpolated one)
+    four = step_weights("sage", [k for k, _, _ in rows[:4]], sigma[:4], sigma_next[:4], eta[:4])
+    close(four, [sorted(g[:4])[1] / gi for gi in g[:4]], rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from flowgrpo.config import is_real_model, load_config
+from flowgrpo.config import ConfigError, is_real_model, load_config
 from flowgrpo.models.config import _VIDEO_FAMILIES
 from flowgrpo.run.paths import configs_dir
 
@@ -144,3 +144,25 @@ def test_the_tiny_worlds_settings_never_reach_a_real_model():
     assert real.run_name == "sd3_5_medium-diffusion_nft"
     mine = load_config(None, "sd3_5_medium", ["train.learning_rate=5e-5", "run_name=mine"])
     assert mine.train.learning_rate == 5e-5 and mine.run_name == "mine"
+
+
+def test_a_familys_recipe_sets_how_the_paper_ran_the_model_and_overrides_still_win(tmp_path):
+    """The model config comes before the paper's recipe (flowgrpo/config.py: load_config), so a family's recipe sets
+    the paper's model keys (128 T5 tokens, full fine-tuning at 720 px) over the model config's generic ones; the
+    command line wins over both; a preset whose general or per-reward recipe sets model keys (which would reach every
+    family) is refused, and so is a KL with no reference loaded."""
+    assert load_config("diffusion_nft", "sd3_5_medium", []).model.max_sequence_length == 128
+    assert load_config("diffusion_nft", "flux_dev", []).model.max_sequence_length == 512  # not the paper's model
+    dance = load_config("dancegrpo", "flux_dev", [])
+    assert (dance.model.finetune, dance.model.resolution, dance.model.reference, dance.train.learning_rate) == (
+        "full", 720, "none", 1e-5)
+    mine = load_config("dancegrpo", "flux_dev", ["model.finetune=lora", "model.reference=auto", "train.learning_rate=3e-4",
+                                                 "model.max_sequence_length=256"])
+    assert (mine.model.finetune, mine.model.reference, mine.train.learning_rate, mine.model.max_sequence_length) == (
+        "lora", "auto", 3e-4, 256)
+    with pytest.raises(ConfigError, match="model.reference=auto"):
+        load_config("dancegrpo", "flux_dev", ["loss.kl_coef=0.01"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner: {name: transition}\nrecipe:\n  model: {max_sequence_length: 128}\n")
+    with pytest.raises(ConfigError, match="recipe_by_family"):
+        load_config(str(bad), "sd3_5_medium", [])

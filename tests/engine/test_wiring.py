@@ -94,7 +94,7 @@ def hand_rollouts(trainer, leaves):
         return torch.tensor(t, dtype=torch.float32), torch.tensor(eps, dtype=torch.float32)
 
     learner.draws = draws
-    plan = SimpleNamespace(sigmas=torch.linspace(1.0, 0.0, 11, dtype=torch.float64), shift=3.0)
+    plan = SimpleNamespace(sigmas=torch.linspace(1.0, 0.0, 11, dtype=torch.float64), shift=3.0, unedited_sigmas=None)
     return Rollouts(0, plan, [batch], advantages)
 
 

@@ -72,14 +72,15 @@ class DrawSpace:
     """Where an iteration's training draws come from: the rollout's grid and time shift, the latent shape."""
 
     iteration: int
-    grid: torch.Tensor  # [T] float32, σ_0 … σ_{T−1} of the rollout's plan (no clean endpoint)
+    grid: torch.Tensor  # [T] float32, σ_0 … σ_{T−1} of the rollout's plan before grid_ends edits (no clean endpoint)
     shift: float | None  # the plan's time shift (logit_normal draws are shifted by it)
     latent: tuple[int, ...]  # the model's latent shape
 
     @classmethod
     def of(cls, rollouts: Rollouts, latent: tuple[int, ...]) -> "DrawSpace":
         plan = rollouts.plan
-        return cls(rollouts.iteration, plan.sigmas[:-1].to(torch.float32), plan.shift, tuple(latent))
+        grid = plan.sigmas if plan.unedited_sigmas is None else plan.unedited_sigmas  # AWM's t = 1 at index 0
+        return cls(rollouts.iteration, grid[:-1].to(torch.float32), plan.shift, tuple(latent))
 
 
 class ForwardLearner(Learner):
@@ -120,7 +121,10 @@ class ForwardLearner(Learner):
     def draws(self, sample: Sample, epoch: int, space: DrawSpace):
         """(t [K] float32, ε [K, *latent] float32) of one sample in one inner epoch (CPU draws)."""
         lc, t_cfg = self.cfg.learner, self.cfg.train
-        gen = samplers.make_generator(STREAM_TRAIN_DRAWS, t_cfg.seed, space.iteration, epoch, *sample.key)
+        own = samplers.make_generator(STREAM_TRAIN_DRAWS, t_cfg.seed, space.iteration, epoch, *sample.key)
+        # the times from the draw's own stream, or (share_times=iteration) one stream for every sample of the epoch
+        gen = own if lc.share_times == "draw" else samplers.make_generator(STREAM_TRAIN_DRAWS, t_cfg.seed,
+                                                                            space.iteration, epoch, -1)
         K, grid = lc.train_times, space.grid
         if lc.time_sampler in ("plan", "stratified"):
             candidates = grid[(grid >= lc.time_min) & (grid <= lc.time_max)]
@@ -152,7 +156,7 @@ class ForwardLearner(Learner):
             lo, hi = cdf(lc.time_min), cdf(lc.time_max)
             u = lo + (hi - lo) * torch.rand(K, generator=gen, dtype=torch.float64)
             t = samplers.shift_sigmas(torch.sigmoid(lc.logit_mean + lc.logit_std * torch.special.ndtri(u)), k)
-        noise = torch.randn((K,) + space.latent, generator=gen)
+        noise = torch.randn((K,) + space.latent, generator=own)
         return t.to(torch.float32), noise
 
     @property

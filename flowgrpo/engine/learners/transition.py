@@ -73,17 +73,14 @@ class TransitionLearner(Learner):
             counts[row[4]] = counts.get(row[4], 0) + 1
         total_groups = int(policy.gather(torch.tensor([len(counts)])).sum())
         total_rows = int(policy.gather(torch.tensor([len(rows)])).sum())
-        coef = [w / (counts[g] * max(1, total_groups)) if cfg.loss.normalize == "group" else w / max(1, total_rows)
-                for (_, _, _, w, g, _) in rows]
+        coef = [1.0 / (counts[g] * max(1, total_groups)) if cfg.loss.normalize == "group" else 1.0 / max(1, total_rows)
+                for (_, _, _, _, g, _) in rows]
         diag: dict[str, list] = {"loss": [], "log_ratio": [], "ratio_dev_epoch0": [], "clipped_high": [], "clipped_low": [],
                                  "approx_kl": [], "grad_norm": [], "step": [], "kl": []}
         group_ids = sorted(counts)
         skipped_before, probed = policy.skipped_steps, {}
         for epoch in range(t.inner_epochs):
-            order = seeded_permutation(len(group_ids), t.seed, 11, rollouts.iteration, epoch).tolist()
-            chunks = [set(group_ids[i] for i in order[u :: t.updates_per_epoch]) for u in range(t.updates_per_epoch)]
-            for u, chunk in enumerate(chunks):
-                selected = [i for i, row in enumerate(rows) if row[4] in chunk and i not in tied]
+            for u, selected in enumerate(self._updates(rows, tied, group_ids, rollouts.iteration, epoch)):
                 policy.zero_grad()
                 parts = self._micro_batches(selected, rows, t.micro_batch, policy.probe.active)
                 for part, real in policy.matched(parts, lambda: [0] if rows else None):
@@ -126,6 +123,19 @@ class TransitionLearner(Learner):
             metrics[f"log_ratio_step{s}/std"] = float(lr.std()) if lr.numel() > 1 else 0.0
         return metrics
 
+    def _updates(self, rows: list[tuple], tied: set, group_ids: list[int], iteration: int, epoch: int) -> list[list[int]]:
+        """The trained rows of each of the pass's train.updates_per_epoch optimizer steps: whole groups (or trees) dealt
+        out in a seeded order, or (update_split=transitions) every trained transition in a seeded shuffle, dealt out."""
+        t = self.cfg.train
+        U = t.updates_per_epoch
+        if t.update_split == "transitions":
+            trained = [i for i in range(len(rows)) if i not in tied]
+            order = seeded_permutation(len(trained), t.seed, 11, iteration, epoch).tolist()
+            return [[trained[k] for k in order[u::U]] for u in range(U)]
+        order = seeded_permutation(len(group_ids), t.seed, 11, iteration, epoch).tolist()
+        chunks = [set(group_ids[i] for i in order[u::U]) for u in range(U)]
+        return [[i for i, row in enumerate(rows) if row[4] in chunk and i not in tied] for chunk in chunks]
+
     @staticmethod
     def _micro_batches(selected: list[int], rows: list[tuple], size: int, by_prompt: bool) -> list[list[int]]:
         """Row indices per micro-batch: ``size`` rows each; for a gradient-noise probe, whole prompts instead,
@@ -155,6 +165,7 @@ class TransitionLearner(Learner):
             r = torch.tensor([rows[i][1] for i in members])
             adv = torch.tensor([rows[i][2] for i in members], device=device)
             c = torch.tensor([coefs[i] for i in members], device=device)
+            w = torch.tensor([rows[i][3] for i in members], device=device)  # plan and step weight: the policy term's
             x, sigma, cond = rec.state[r], rec.sigma[r], b.cond.select(rec.cond_index[r])
             # μ = a·x + b·v per row with the rollout's kernel; std rounded as the rollout rounded it,
             # so that lp_θ − lp_old is exactly 0 at the rollout policy (reference backend)
@@ -190,7 +201,8 @@ class TransitionLearner(Learner):
             if cfg.loss.rollout_kl_coef > 0:
                 kl = kl + cfg.loss.rollout_kl_coef * gaussian_kl(terms.mean, mean_old.to(terms.mean), std, cfg.sampling.reduce)
             # coefficients are normalised over all processes, so summing gradients over them is exact
-            total = total + (c * (loss + kl)).sum()
+            # the plan and step weights scale the policy term alone, as SAGE's code applies its equaliser
+            total = total + (c * (w * loss + kl)).sum()
             for key in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl"):
                 out[key].append(d[key].float().cpu())
             out["kl"].append(kl.detach().float().cpu())

@@ -1,0 +1,92 @@
+"""How the transition learner deals a pass's trained transitions out to its optimizer steps (train.update_split,
+flowgrpo/engine/learners/transition.py: TransitionLearner._updates): whole groups or trees per step (the default),
+or every transition shuffled across them (BranchGRPO's code steps every 12 shuffled transitions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowgrpo.config import ConfigError, load_config
+from flowgrpo.engine.trainer import Trainer
+from flowgrpo.run.paths import configs_dir
+
+COMMON = ["resume=false", "log.progress=false", "log.gallery=false", "log.samples_every=0", "eval.every=0",
+          "eval.at_start=false", "log.save_every=0"]
+
+
+def trainer_for(tmp_path, preset, *overrides):
+    cfg = load_config(preset, None, [f"output_dir={tmp_path}", *COMMON, *overrides],
+                      base=str(configs_dir() / "analytic.yaml"))
+    return Trainer(cfg)
+
+
+def rows_of(groups: list[int]) -> list[tuple]:
+    """Rows as the learner builds them: (batch, row, advantage, coefficient, group, prompt slot)."""
+    return [(0, i, 1.0, 1.0, g, g) for i, g in enumerate(groups)]
+
+
+@pytest.mark.parametrize("split", ["groups", "transitions"])
+def test_every_trained_transition_is_in_exactly_one_step(tmp_path, split):
+    """Each non-tied row lands in one step of the pass, tied rows in none; by groups a step holds whole groups, by
+    transitions the U steps' sizes differ by at most one and a step mixes groups; the deal is seeded by (seed,
+    iteration, epoch): the same again, another for the next epoch."""
+    trainer = trainer_for(tmp_path, "branchgrpo", f"train.update_split={split}", "train.updates_per_epoch=3")
+    learner = trainer.learner
+    groups = [g for g in range(4) for _ in range(6)]  # 4 trees of 6 transitions
+    rows, tied = rows_of(groups), {0, 7}
+    steps = learner._updates(rows, tied, sorted(set(groups)), 5, 0)
+    assert len(steps) == 3
+    dealt = sorted(i for step in steps for i in step)
+    assert dealt == [i for i in range(len(rows)) if i not in tied]
+    if split == "groups":
+        for step in steps:
+            whole = {groups[i] for i in step}
+            assert sorted(step) == [i for i in range(len(rows)) if groups[i] in whole and i not in tied]
+    else:
+        sizes = sorted(len(step) for step in steps)
+        assert sizes[-1] - sizes[0] <= 1
+        assert all(len({groups[i] for i in step}) > 1 for step in steps)
+    assert steps == learner._updates(rows, tied, sorted(set(groups)), 5, 0)
+    assert steps != learner._updates(rows, tied, sorted(set(groups)), 5, 1)
+
+
+def test_splitting_by_transitions_takes_that_many_steps_on_a_tree(tmp_path):
+    """A BranchGRPO iteration on the analytic world with more optimizer steps than trees (refused when steps take
+    whole trees) takes exactly updates_per_epoch steps, each with a gradient."""
+    trainer = trainer_for(tmp_path, "branchgrpo", "train.update_split=transitions", "train.updates_per_epoch=12",
+                          "train.iterations=1")  # 8 trees, 3 of them untied at iteration 0
+    last = trainer.train()
+    assert 0 < last["zero_std_group_fraction"] < 1
+    assert trainer.policy.optimizer_steps == 12
+    assert last["skipped_steps"] == 0 and last["grad_norm"] > 0
+    with pytest.raises(ConfigError, match="update_split=transitions"):
+        trainer_for(tmp_path / "groups", "branchgrpo", "train.updates_per_epoch=12")
+
+
+def test_only_the_transition_learner_splits_by_transitions(tmp_path):
+    with pytest.raises(ConfigError, match="update_split=groups"):
+        trainer_for(tmp_path, "diffusion_nft", "train.update_split=transitions")
+
+
+def test_the_step_weight_scales_the_policy_term_and_not_the_kl(tmp_path):
+    """SAGE's code multiplies its equaliser into the policy loss only; its KL terms are averaged unweighted. A row's
+    contribution is c·(w·ℓ + KL): with the anchor moved off θ, the step's total at w = 0 is the KL part alone (not 0),
+    and it is affine in w with slope Σ c·ℓ (fails if w multiplies the KL too)."""
+    import torch
+
+    from test_tied_and_diverse import rollout
+
+    trainer, _, batches, _ = rollout(tmp_path, "sage")
+    learner = trainer.learner
+    with torch.no_grad():
+        for value in learner.anchor.values:
+            value.add_(0.05 * torch.randn(value.shape, generator=torch.Generator().manual_seed(0)))
+    rec = batches[0].record
+    rows = [(0, r, 1.0 + r, None, 0, 0) for r in range(min(6, rec.num_transitions))]
+    coefs = [1.0 / len(rows)] * len(rows)
+    totals = {}
+    for w in (0.0, 1.0, 2.0):
+        totals[w] = float(learner._micro_step([row[:3] + (w,) + row[4:] for row in rows], coefs, batches)[0])
+    assert abs(totals[0.0]) > 0
+    slope = totals[1.0] - totals[0.0]
+    assert abs(slope) > 0 and totals[2.0] - totals[0.0] == pytest.approx(2 * slope, rel=1e-5, abs=1e-6 * abs(slope))
