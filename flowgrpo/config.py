@@ -152,6 +152,12 @@ class LossConfig:
     anchor_kl_coef: float = 0.0  # SAGE: KL to a moving anchor copy of the policy (0 = off)
     anchor_refresh: int = 10  # SAGE: optimizer steps between anchor refreshes
     rollout_kl_coef: float = 0.0  # SAGE: KL to the rollout policy μ_old (0 = off)
+    # the KL terms' weight: constant (the two coefficients above) | sage (SAGE's adaptive weight, per transition:
+    # ramped from anchor_kl_min to anchor_kl_coef over its first 100 transitions, then x0.9 while the mean of the
+    # last 10 KLs exceeds 1.5·anchor_kl_coef, x1.1 while it is below 0.5·anchor_kl_coef, within [anchor_kl_min,
+    # anchor_kl_coef]; the rollout term keeps its ratio rollout_kl_coef/anchor_kl_coef to it)
+    anchor_kl_schedule: str = "constant"
+    anchor_kl_min: float = 1e-7
     normalize: str = "group"  # loss normalisation: group (per group or tree, by its trained transitions) | transition (plain mean)
     likelihood_backend: str = "reference"  # per-transition likelihood terms (flowgrpo/likelihood/): reference (PyTorch, the
     #   specification) | fused (the csrc/ op; fails with instructions if it cannot be built) | auto (fused when it can)
@@ -159,6 +165,7 @@ class LossConfig:
                              "step_weight": one_of("none", "inv_delta", "sage"), "kl_coef": at_least(0),
                              "kl_form": one_of("exact", "flow_grpo"), "anchor_kl_coef": at_least(0),
                              "anchor_refresh": at_least(1), "rollout_kl_coef": at_least(0),
+                             "anchor_kl_schedule": one_of("constant", "sage"), "anchor_kl_min": at_least(0),
                              "normalize": one_of("group", "transition"),
                              "likelihood_backend": one_of("reference", "fused", "auto")}
 
@@ -604,6 +611,10 @@ def validate(cfg: Config) -> None:
             "each update needs at least one whole group; lower updates_per_epoch (or split updates by transitions: "
             "train.update_split=transitions)"
         )
+    lo = cfg.loss
+    if lo.anchor_kl_schedule == "sage" and not 0 < lo.anchor_kl_min <= lo.anchor_kl_coef:
+        raise ConfigError(f"loss.anchor_kl_schedule=sage moves the KL weight between loss.anchor_kl_min="
+                          f"{lo.anchor_kl_min} and loss.anchor_kl_coef={lo.anchor_kl_coef}: it needs 0 < min <= coef")
     if t.update_split == "transitions" and cfg.learner.name != "transition":
         raise ConfigError(f"train.update_split=transitions shuffles stored transitions, which learner.name="
                           f"{cfg.learner.name!r} does not train on; use train.update_split=groups")

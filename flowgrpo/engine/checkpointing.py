@@ -5,7 +5,8 @@ A checkpoint (``checkpoints/step_<n>/``, written atomically by flowgrpo/run/chec
                         every saved copy of the weights (``ema.*``, ``old.*``, ``awm_ema.*``, ``ema_ref.*``,
                         ``anchor.*``); a sharded run writes them as ``tensors/``, each process its rows
   state.json            the iteration, optimizer steps and hyper-parameters, the plan schedule's state (a
-                        moving window's position), the NFE counters and the resolved config
+                        moving window's position), the NFE counters, the learner's state (SAGE's adaptive KL
+                        weight; process 0's in a multi-process run) and the resolved config
   model/                the evaluation weights (the EMA when kept) as diffusers writes them: a LoRA file
                         (``pipe.load_lora_weights``) or the transformer folder
 Every random draw is a pure function of (seed, iteration, prompt slot, node), and the learning rate a
@@ -20,10 +21,11 @@ from flowgrpo.run.checkpoint import (
 )
 
 
-def save(cfg, policy, schedule, iteration: int, evaluation_copy, config_yaml: str) -> None:
+def save(cfg, policy, schedule, iteration: int, evaluation_copy, config_yaml: str, learner=None) -> None:
     """Write ``checkpoints/step_<iteration>`` of the run and keep the newest ``log.keep_checkpoints``."""
     state = {"iteration": iteration, **policy.state_dict(), "schedule": schedule.state_dict(),
-             "nfe": policy.nfe.state_dict(), "config": config_yaml}
+             "nfe": policy.nfe.state_dict(), "config": config_yaml,
+             "learner": learner.state_dict() if learner is not None else {}}
 
     def evaluation_weights(tmp):  # model/: LoRA (diffusers format) or full weights, EMA if kept
         policy.export(tmp / "model", evaluation_copy)
@@ -34,9 +36,9 @@ def save(cfg, policy, schedule, iteration: int, evaluation_copy, config_yaml: st
         prune_checkpoints(cfg.run_dir, cfg.log.keep_checkpoints)
 
 
-def resume(cfg, policy, schedule):
-    """Load the newest checkpoint of the run folder into ``policy`` and ``schedule``; returns (its folder,
-    the iteration to continue from), or None when there is none or ``resume=false``."""
+def resume(cfg, policy, schedule, learner=None):
+    """Load the newest checkpoint of the run folder into ``policy``, ``schedule`` and ``learner``; returns (its
+    folder, the iteration to continue from), or None when there is none or ``resume=false``."""
     if not cfg.resume:
         return None
     newest = readable_checkpoint(cfg.run_dir)  # a damaged newest one: one line naming it and the last good one
@@ -47,6 +49,8 @@ def resume(cfg, policy, schedule):
     policy.load_state(tensors, state)
     schedule.load_state_dict(state["schedule"])
     policy.nfe.load_state_dict(state["nfe"])
+    if learner is not None:
+        learner.load_state_dict(state.get("learner", {}))
     return newest, state["iteration"]
 
 

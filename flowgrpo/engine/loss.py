@@ -54,6 +54,41 @@ def step_weights(kind: str, kernels: list[str], sigma, sigma_next, eta) -> torch
     raise ValueError(f"step_weight={kind!r}; use none, inv_delta or sage")
 
 
+class SageKLWeight:
+    """SAGE-GRPO's adaptive KL weight (its code's AdaptiveKLController, with target = ceiling = ``high`` and start =
+    floor = ``low``): each transition uses the current weight, then reports its KL. Over the first 100 reports the
+    weight ramps linearly from ``low`` to ``high``; after that it is multiplied by 0.9 while the mean of the last 10
+    reports exceeds 1.5·high, by 1.1 while it is below 0.5·high, and kept within [low, high]."""
+
+    RAMP, WINDOW = 100, 10
+
+    def __init__(self, high: float, low: float):
+        self.high, self.low = float(high), float(low)
+        self.weight, self.calls, self.recent = self.low, 0, []
+
+    def next(self, kl: float) -> float:
+        """The weight of this transition (the one before its report), then the update with its KL."""
+        used = self.weight
+        self.calls += 1
+        self.recent = (self.recent + [float(kl)])[-self.WINDOW:]
+        if self.calls < self.RAMP:
+            self.weight = self.low + (self.high - self.low) * self.calls / self.RAMP
+        elif len(self.recent) >= self.WINDOW:
+            error = sum(self.recent) / len(self.recent) - self.high
+            if error > 0.5 * self.high:
+                self.weight *= 0.9
+            elif error < -0.5 * self.high:
+                self.weight *= 1.1
+            self.weight = max(self.low, min(self.high, self.weight))
+        return used
+
+    def state_dict(self) -> dict:
+        return {"weight": self.weight, "calls": self.calls, "recent": list(self.recent)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.weight, self.calls, self.recent = float(state["weight"]), int(state["calls"]), list(state["recent"])
+
+
 def clipped_policy_loss(
     log_ratio: torch.Tensor,  # [M] the ratio used (plain or GRPO-Guard), with grad
     log_ratio_plain: torch.Tensor,  # [M] lp_θ − lp_old (for the approximate KL diagnostic)

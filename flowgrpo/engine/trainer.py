@@ -174,11 +174,11 @@ class Trainer:
 
     def save(self) -> None:
         """A checkpoint of the iteration done: every process calls it (sharded, each writes its rows)."""
-        checkpointing.save(self.cfg, self.policy, self.schedule, self.iteration, self.ema, to_yaml(self.cfg))
+        checkpointing.save(self.cfg, self.policy, self.schedule, self.iteration, self.ema, to_yaml(self.cfg), self.learner)
         self.acc.wait_for_everyone()
 
     def resume(self) -> bool:
-        found = checkpointing.resume(self.cfg, self.policy, self.schedule)
+        found = checkpointing.resume(self.cfg, self.policy, self.schedule, self.learner)
         if found is None:
             return False
         folder, self.iteration = found

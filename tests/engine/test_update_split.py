@@ -86,7 +86,75 @@ def test_the_step_weight_scales_the_policy_term_and_not_the_kl(tmp_path):
     coefs = [1.0 / len(rows)] * len(rows)
     totals = {}
     for w in (0.0, 1.0, 2.0):
-        totals[w] = float(learner._micro_step([row[:3] + (w,) + row[4:] for row in rows], coefs, batches)[0])
+        totals[w] = float(learner._micro_step([row[:3] + (w,) + row[4:] for row in rows], coefs, batches)[0].detach())
     assert abs(totals[0.0]) > 0
     slope = totals[1.0] - totals[0.0]
     assert abs(slope) > 0 and totals[2.0] - totals[0.0] == pytest.approx(2 * slope, rel=1e-5, abs=1e-6 * abs(slope))
+
+
+def test_sages_adaptive_kl_weight_by_hand():
+    """SAGE-GRPO's AdaptiveKLController (grpo_commons.py) with its recipe's numbers (ceiling = target 1e-5, floor =
+    start 1e-7): each report uses the weight before it; the first 99 reports ramp it linearly, then the mean of the
+    last 10 KLs above 1.5e-5 multiplies it by 0.9, below 0.5e-5 by 1.1, within [1e-7, 1e-5]."""
+    from flowgrpo.engine.loss import SageKLWeight
+
+    high, low = 1e-5, 1e-7
+    w = SageKLWeight(high, low)
+    used = [w.next(0.0) for _ in range(99)]
+    assert used[0] == low and used[1] == pytest.approx(low + (high - low) / 100, rel=1e-12)
+    assert used[-1] == pytest.approx(low + (high - low) * 98 / 100, rel=1e-12)
+    assert w.next(0.0) == pytest.approx(low + (high - low) * 99 / 100, rel=1e-12)  # report 100: adaptive from here
+    assert w.weight == high  # 0.9901e-5 x 1.1, clamped to the ceiling
+    w.next(1.0)  # one large KL: the mean of the last 10 is 0.1 > 1.5e-5
+    assert w.weight == pytest.approx(0.9 * high, rel=1e-12)
+    for _ in range(9):
+        w.next(high)  # the window still holds the 1.0: still too large
+    assert w.weight == pytest.approx(0.9**10 * high, rel=1e-12)
+    before = w.weight
+    w.next(high)  # the window is 10 x 1e-5 now: within the band, unchanged
+    assert w.weight == before
+    for _ in range(200):
+        w.next(1.0)
+    assert w.weight == low  # the floor
+    state = w.state_dict()
+    again = SageKLWeight(high, low)
+    again.load_state_dict(state)
+    assert again.next(0.0) == w.next(0.0) and again.state_dict() == w.state_dict()
+
+
+def test_the_adaptive_weight_scales_both_kl_terms_and_counts_real_transitions(tmp_path):
+    """With loss.anchor_kl_schedule=sage the weight replaces anchor_kl_coef and the rollout term keeps its ratio: the
+    KL part of a step (the step weight at 0) is weight/anchor_kl_coef times the constant schedule's; every computed
+    transition reports once, a sharded stand-in or a matched zero-weight call none."""
+    import torch
+
+    from test_tied_and_diverse import rollout
+
+    trainer, _, batches, _ = rollout(tmp_path, "sage", "loss.anchor_kl_schedule=sage")
+    learner = trainer.learner
+    with torch.no_grad():
+        for value in learner.anchor.values:
+            value.add_(0.05 * torch.randn(value.shape, generator=torch.Generator().manual_seed(0)))
+    rows = [(0, r, 1.0 + r, 0.0, 0, 0) for r in range(6)]  # w = 0: the KL terms alone
+    coefs = [1.0 / len(rows)] * len(rows)
+    controller, learner.kl_weight = learner.kl_weight, None
+    constant = float(learner._micro_step(rows, coefs, batches)[0].detach())
+    learner.kl_weight = controller
+    controller.load_state_dict({"weight": 2.5e-3, "calls": 10**6, "recent": [0.01] * 10})  # in the band: unchanged
+    adaptive = float(learner._micro_step(rows, coefs, batches, report=False)[0].detach())
+    assert constant > 0 and adaptive == pytest.approx(constant * 2.5e-3 / 0.01, rel=1e-5)
+    assert controller.calls == 10**6  # report=False: no report
+    learner._micro_step(rows, coefs, batches)
+    assert controller.calls == 10**6 + len(rows)
+
+
+def test_the_adaptive_weight_resumes_from_the_checkpoint(tmp_path):
+    common = ["loss.anchor_kl_schedule=sage", "log.save_every=1", "train.prompts_per_iteration=2"]
+    first = trainer_for(tmp_path, "sage", "train.iterations=2", *common)
+    last = first.train()
+    assert last["kl_weight"] == first.learner.kl_weight.weight and first.learner.kl_weight.calls > 0
+    cfg = first.cfg
+    again = Trainer(load_config("sage", None, [f"output_dir={tmp_path}", *COMMON[1:], "resume=true", "train.iterations=3",
+                                               *common], base=str(configs_dir() / "analytic.yaml")))
+    assert cfg.run_dir == again.cfg.run_dir and again.resume()
+    assert again.learner.kl_weight.state_dict() == first.learner.kl_weight.state_dict()

@@ -53,6 +53,13 @@ class Learner:
         """Optimizer steps on this iteration's rollouts; returns the metrics to log."""
         raise NotImplementedError
 
+    def state_dict(self) -> dict:
+        """What the learner carries across iterations besides the policy's tensors (saved in a checkpoint's state)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put back what ``state_dict`` gave."""
+
     def describe(self, leaves_per_prompt: int, trained_per_prompt: int) -> str:
         """The start-up line that says what this learner trains per sample and per iteration."""
         raise NotImplementedError

@@ -20,7 +20,7 @@ import samplers
 from flowgrpo import likelihood
 from flowgrpo.engine.copies import refresh_every
 from flowgrpo.engine.learners.base import Learner, Rollouts
-from flowgrpo.engine.loss import clipped_policy_loss, gaussian_kl, step_weights
+from flowgrpo.engine.loss import SageKLWeight, clipped_policy_loss, gaussian_kl, step_weights
 from flowgrpo.engine.policy import REFERENCE
 
 
@@ -37,6 +37,15 @@ class TransitionLearner(Learner):
         loss = cfg.loss
         # SAGE's moving anchor: a copy of the policy refreshed every loss.anchor_refresh optimizer steps
         self.anchor = policy.copy("anchor", refresh_every(loss.anchor_refresh)) if loss.anchor_kl_coef > 0 else None
+        # SAGE's adaptive weight of its two KL terms (loss.anchor_kl_schedule=sage), one report per trained transition
+        self.kl_weight = SageKLWeight(loss.anchor_kl_coef, loss.anchor_kl_min) if loss.anchor_kl_schedule == "sage" else None
+
+    def state_dict(self) -> dict:
+        return {"kl_weight": self.kl_weight.state_dict()} if self.kl_weight is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.kl_weight is not None and "kl_weight" in state:
+            self.kl_weight.load_state_dict(state["kl_weight"])
 
     @property
     def store_mean(self) -> bool:
@@ -85,10 +94,11 @@ class TransitionLearner(Learner):
                 parts = self._micro_batches(selected, rows, t.micro_batch, policy.probe.active)
                 for part, real in policy.matched(parts, lambda: [0] if rows else None):
                     if part is None:  # a sharded process without a transition this iteration: a zero-weight stand-in
-                        loss, _ = self._micro_step([(0, 0, 0.0, 0.0, -1, -1)], [0.0], batches)
+                        loss, _ = self._micro_step([(0, 0, 0.0, 0.0, -1, -1)], [0.0], batches, report=False)
                     else:
                         loss, d = self._micro_step([rows[i] for i in part],
-                                                   [coef[i] * t.updates_per_epoch if real else 0.0 for i in part], batches)
+                                                   [coef[i] * t.updates_per_epoch if real else 0.0 for i in part], batches,
+                                                   report=real)
                     if not real:  # the same model calls as the other processes, no gradient, no diagnostics
                         policy.backward(loss * 0.0)
                         continue
@@ -116,6 +126,8 @@ class TransitionLearner(Learner):
             "trained_transitions": int(policy.gather(torch.tensor([len(rows) - len(tied)])).sum()),
             "skipped_steps": policy.skipped_steps - skipped_before,  # optimizer steps without gradient, not taken
         }
+        if self.kl_weight is not None:
+            metrics["kl_weight"] = self.kl_weight.weight
         metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
         for s in cat["step"].unique().tolist() if cat["step"].numel() else []:
             lr = cat["log_ratio"][cat["step"] == s]
@@ -152,7 +164,7 @@ class TransitionLearner(Learner):
         per = -(-len(order) // parts)
         return [[i for slot in order[k : k + per] for i in prompts[slot]] for k in range(0, len(order), per)]
 
-    def _micro_step(self, rows, coefs, batches):
+    def _micro_step(self, rows, coefs, batches, report: bool = True):
         policy, cfg = self.policy, self.cfg
         device, guidance = policy.device, cfg.sampling.guidance_scale
         by_batch: dict[int, list[int]] = {}
@@ -195,11 +207,17 @@ class TransitionLearner(Learner):
                 if cfg.loss.kl_form == "flow_grpo":
                     kl_ref = kl_ref * (rec.sigma_next[r] - sigma).abs().to(kl_ref)
                 kl = kl + cfg.loss.kl_coef * kl_ref
+            trust = torch.zeros_like(loss)  # SAGE's two trust-region terms at their coefficients
             if anchor_v is not None:
                 anchor_mean = likelihood.kernel_mean(x, anchor_v, a, bv)
-                kl = kl + cfg.loss.anchor_kl_coef * gaussian_kl(terms.mean, anchor_mean, std, cfg.sampling.reduce)
+                trust = trust + cfg.loss.anchor_kl_coef * gaussian_kl(terms.mean, anchor_mean, std, cfg.sampling.reduce)
             if cfg.loss.rollout_kl_coef > 0:
-                kl = kl + cfg.loss.rollout_kl_coef * gaussian_kl(terms.mean, mean_old.to(terms.mean), std, cfg.sampling.reduce)
+                trust = trust + cfg.loss.rollout_kl_coef * gaussian_kl(terms.mean, mean_old.to(terms.mean), std, cfg.sampling.reduce)
+            if self.kl_weight is not None:  # the adaptive weight replaces anchor_kl_coef; the terms keep their ratio
+                reports = (trust / cfg.loss.anchor_kl_coef).detach().tolist()  # KL_anchor + (coef_r/coef_a)·KL_rollout
+                used = [self.kl_weight.next(k) if report else self.kl_weight.weight for k in reports]
+                trust = trust * torch.tensor(used, dtype=trust.dtype, device=trust.device) / cfg.loss.anchor_kl_coef
+            kl = kl + trust
             # coefficients are normalised over all processes, so summing gradients over them is exact
             # the plan and step weights scale the policy term alone, as SAGE's code applies its equaliser
             total = total + (c * (w * loss + kl)).sum()
