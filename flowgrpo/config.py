@@ -263,6 +263,9 @@ class TrainConfig:
     lr_schedule: str = "constant"
     lr_final: float = 0.0  # the end of a cosine or linear schedule, as a fraction of learning_rate
     weight_decay: float = 0.0
+    # adamw | muon (Muon on the weights of 2+ dimensions, AdamW with adam_betas on the rest: SAGE-GRPO's optimizer,
+    # flowgrpo/engine/optim.py)
+    optimizer: str = "adamw"
     adam_betas: tuple = (0.9, 0.999)
     grad_clip: float = 1.0  # max gradient norm (0 = off)
     ema_decay: float = 0.0  # EMA of trainable weights used for evaluation (0 = off), λ = min(decay, (1 + n)/(10 + n))
@@ -281,6 +284,7 @@ class TrainConfig:
         "iterations": at_least(1), "prompts_per_iteration": at_least(1), "inner_epochs": at_least(1),
         "updates_per_epoch": at_least(1), "update_split": one_of("groups", "transitions"), "micro_batch": at_least(1), "learning_rate": at_least(0),
         "lr_schedule": one_of("constant", "cosine", "linear"), "lr_final": between(0, 1), "weight_decay": at_least(0),
+        "optimizer": one_of("adamw", "muon"),
         "adam_betas": BETAS, "grad_clip": at_least(0), "ema_decay": Rule(lambda v: _number(v) and 0 <= v < 1,
                                                                           "a number in [0, 1) (0 = off)"),
         "mixed_precision": one_of("no", "bf16", "fp16"), "seed": at_least(0), "balance_by": TEXT, "cpu": FLAG,

@@ -33,6 +33,7 @@ import torch
 import samplers
 from flowgrpo.engine.copies import WeightCopy
 from flowgrpo.engine.noise_scale import GradientProbe
+from flowgrpo.engine.optim import build_optimizer
 from flowgrpo.engine.sharding import Sharding, fsdp_plugin, full
 
 REFERENCE = "reference"  # weights=REFERENCE: the reference policy (the base model)
@@ -42,7 +43,7 @@ class Policy:
     """The trainable model and every copy of its weights (see the module docstring)."""
 
     def __init__(self, model, accelerator, *, learning_rate: float, weight_decay: float, adam_betas: Sequence[float],
-                 grad_clip: float):
+                 grad_clip: float, optimizer: str = "adamw"):
         self.model, self.acc = model, accelerator
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         plugin = fsdp_plugin(accelerator)
@@ -56,8 +57,8 @@ class Policy:
             model.call_every_expert = len(model.experts) > 1  # the same collectives on every process (Wan2.2)
         self.params = model.trainable_parameters()
         self.names = [f"p{i}" for i in range(len(self.params))]
-        self.optimizer = torch.optim.AdamW(self.params, lr=learning_rate, weight_decay=weight_decay,
-                                           betas=tuple(adam_betas))
+        self.optimizer = build_optimizer(optimizer, self.params, learning_rate=learning_rate, weight_decay=weight_decay,
+                                         betas=adam_betas)
         self.grad_clip = grad_clip
         self.copies: dict[str, WeightCopy] = {}
         self.nfe = samplers.NFECounter()

@@ -65,7 +65,7 @@ class Trainer:
         torch.manual_seed(t.seed)  # LoRA initialisation draws from the global generator
         self.model = load_model(cfg.model)
         self.policy = Policy(self.model, self.acc, learning_rate=t.learning_rate, weight_decay=t.weight_decay,
-                             adam_betas=t.adam_betas, grad_clip=t.grad_clip)
+                             adam_betas=t.adam_betas, grad_clip=t.grad_clip, optimizer=t.optimizer)
         # the held-out evaluation's weights: an EMA of the trained ones, updated after every optimizer step
         self.ema = self.policy.copy("ema", warmed_decay(t.ema_decay)) if t.ema_decay > 0 else None
         self.schedule = plan_schedule(cfg, self.model)

@@ -607,6 +607,7 @@ class MemoryPlan:
     training_activations: int  # one micro-batch's
     max_group: int
     max_micro_batch: int
+    optimizer_kind: str = "adamw"  # train.optimizer: adamw (2 moments a weight) | muon (1 float32 momentum)
 
     @property
     def fixed(self) -> int:
@@ -638,12 +639,14 @@ def plan(arch: Architecture, model_config, processes: int = 1, fsdp: bool = Fals
          gpu_memory: float = 80.0, *, group: int = 8, micro_batch: int = 1, steps: Optional[int] = None,
          checkpointing: Optional[bool] = None, copies: Sequence[str] = DEFAULT_COPIES,
          master_dtype: Optional[str] = None, train_cfg: bool = False, margin: float = SAFETY_MARGIN,
-         targets: Optional[Sequence[str]] = None, name: str = "") -> MemoryPlan:
+         targets: Optional[Sequence[str]] = None, name: str = "", optimizer: str = "adamw") -> MemoryPlan:
     """The memory plan of training ``model_config`` (a ModelConfig or dict) with ``arch`` on ``processes`` GPUs.
 
     ``finetune``/``checkpointing``/``steps`` default to the model config's; ``copies`` names the extra copies
     of the trainable weights (each T·g bytes); ``targets`` overrides the LoRA targets (default: as the model
-    resolves them); ``train_cfg``: the training forward is the CFG pair (two passes a sample)."""
+    resolves them); ``train_cfg``: the training forward is the CFG pair (two passes a sample); ``optimizer``:
+    train.optimizer (Muon keeps one float32 momentum per weight of 2+ dimensions, nearly all of them, where AdamW
+    keeps two moments in the weight's dtype)."""
     from flowgrpo.models.config import validate_model_config
 
     cfg = validate_model_config(model_config)
@@ -692,7 +695,7 @@ def plan(arch: Architecture, model_config, processes: int = 1, fsdp: bool = Fals
         trained_experts=trained_n,
         weights=math.ceil(weights), buffers=experts * arch.transformer.buffers * b,
         buffer_elements=experts * arch.transformer.buffers,
-        gradients=math.ceil(trainable * g / shard), optimizer=math.ceil(2 * trainable * g / shard),
+        gradients=math.ceil(trainable * g / shard), optimizer=math.ceil((4 if optimizer == "muon" else 2 * g) * trainable / shard),
         copies={c: math.ceil(trainable * g / shard) for c in copies},
         reference=math.ceil(trained_n * base * b / shard) if reference_mode == "frozen_copy" else 0,
         reference_mode=reference_mode,
@@ -701,7 +704,7 @@ def plan(arch: Architecture, model_config, processes: int = 1, fsdp: bool = Fals
         micro_batch=micro_batch, cfg=2 if uses_cfg else 1, checkpointing=checkpointing,
         activations_per_sample=per_sample, rollout_record=group * record_per_sample,
         rollout_forward=group * forward_per_sample, training_activations=micro_batch * act,
-        max_group=0, max_micro_batch=0,
+        max_group=0, max_micro_batch=0, optimizer_kind=optimizer,
     )
     room = result.usable - result.fixed
     result.max_micro_batch = max(0, (room - result.rollout_record) // act) if act else 0
@@ -735,7 +738,9 @@ def format_plan(p: MemoryPlan) -> str:
     if p.buffers:
         rows.append((f"transformer buffers ({p.buffer_elements / 1e6:.1f} M elements, not sharded)", p.buffers))
     what = "LoRA float32" if p.finetune == "lora" else f"full, {p.trainable_dtype}"
-    rows += [(f"gradients ({what})", p.gradients), ("AdamW moments (2 per trainable weight)", p.optimizer)]
+    moments = ("Muon momentum (1 float32 per trainable weight)" if p.optimizer_kind == "muon"
+               else "AdamW moments (2 per trainable weight)")
+    rows += [(f"gradients ({what})", p.gradients), (moments, p.optimizer)]
     rows += [(f"copy: {name}", size) for name, size in p.copies.items()]
     reference = {"frozen_copy": "frozen copy", "adapter_disabled": "adapter disabled: none", "none": "none"}
     rows.append((f"reference policy ({reference[p.reference_mode]})", p.reference))
@@ -851,7 +856,8 @@ def check_before_rollout(cfg, model, processes: int, sharded: bool, group: int, 
     arch = architecture_from_configs(cfg.model.family, pipeline_configs(model.pipeline), "the loaded pipeline")
     result = plan(arch, cfg.model, processes, sharded, gpu_memory=available / GIB, group=group,
                   micro_batch=cfg.train.micro_batch, steps=steps, margin=0.0,
-                  train_cfg=getattr(cfg.learner, "train_guidance", "conditional") != "conditional")
+                  train_cfg=getattr(cfg.learner, "train_guidance", "conditional") != "conditional",
+                  optimizer=cfg.train.optimizer)
     verdict = memory_verdict(result.total, available)
     where = "GPU" if device.type == "cuda" else "process"
     numbers = (f"the memory plan puts this iteration at {gib(result.total)} GiB per {where} (weights and optimizer "

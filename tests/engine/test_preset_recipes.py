@@ -80,6 +80,7 @@ def _check(cfg, key: str, cell: str, where: str) -> None:
     if cell in ("—", ""):
         return
     got = effective(cfg, key)
+    got = list(got) if isinstance(got, tuple) else got  # a tuple key (adam_betas) as the page writes it
     want = _value(cell)
     if isinstance(want, float) or isinstance(got, float):
         assert got == pytest.approx(want, rel=1e-12), f"{where}: {key} is {got!r}, docs/presets.md says {want!r}"

@@ -91,6 +91,7 @@ CASES = {  # name -> (preset, the count of what it trains, settings)
     "flow_grpo": ("flow_grpo", "trained_transitions", {}),
     "flow_grpo-full": ("flow_grpo", "trained_transitions", {"model.finetune": "full", "train.learning_rate": 1e-5}),
     "flow_grpo-fused": ("flow_grpo", "trained_transitions", {"loss.likelihood_backend": "fused"}),
+    "flow_grpo-muon": ("flow_grpo", "trained_transitions", {"train.optimizer": "muon"}),
     "branchgrpo": ("branchgrpo", "trained_transitions", {"sampling.plan.group_size": 1, "sampling.plan.num_steps": 8,
                                                          "sampling.plan.splits": "[0,3]"}),
     "nft-full": (None, "trained_samples", {"model.finetune": "full", "train.learning_rate": 1e-5}),
@@ -104,8 +105,9 @@ CASES = {  # name -> (preset, the count of what it trains, settings)
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharded_equals_one_process(tiny_sd3_dir, tmp_path, case):
     """Every learner family sharded over 2 processes: the transition learner (its ratio == 1 contract; the
-    fused likelihood op), a tree plan (groups whole on a process), the forward-process learners (NFT, AWM,
-    DGPO), and full fine-tuning (every transformer weight sharded, the frozen reference copy too)."""
+    fused likelihood op; Muon, whose orthogonal factor needs each whole matrix), a tree plan (groups whole on a
+    process), the forward-process learners (NFT, AWM, DGPO), and full fine-tuning (every transformer weight sharded,
+    the frozen reference copy too)."""
     preset, counted, settings = CASES[case]
     args = ["--preset", preset] if preset else []
     one = _train(1, tmp_path / "one", tiny_sd3_dir, *args, **settings)

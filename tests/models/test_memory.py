@@ -78,6 +78,15 @@ def test_full_fine_tuning_by_hand():
         4000, 4000, 8000, {"ema": 4000}, 2000)  # the frozen reference stays in the model dtype
 
 
+def test_muon_keeps_one_float32_momentum_per_trainable_weight():
+    """train.optimizer=muon (flowgrpo/engine/optim.py): a float32 momentum per weight where AdamW keeps two moments in
+    the weight's dtype: full bf16 fine-tuning the same bytes (4 = 2 x 2), a LoRA half (4 against 2 x 4), sharded too."""
+    assert _hand("full", 1, False, optimizer="muon").optimizer == 2000 * 4 // 2  # 1000 weights x 4 bytes
+    assert _hand("lora", 1, False, optimizer="muon").optimizer == 32 * 4
+    assert _hand("lora", 2, True, optimizer="muon").optimizer == 32 * 4 // 2
+    assert "Muon momentum" in format_plan(_hand("lora", 1, False, optimizer="muon"))
+
+
 def test_activations_and_fits_by_hand():
     cfg = validate_model_config(HAND_CONFIG)
     assert token_counts(HAND.geometry, cfg) == (4, 6)  # N = 10 tokens
