@@ -865,7 +865,9 @@ def check_before_rollout(cfg, model, processes: int, sharded: bool, group: int, 
                f"training micro-batch {gib(result.training_activations)} GiB) and "
                f"{'this GPU has' if device.type == 'cuda' else 'the host has'} {gib(available)} GiB")
     fix = (f"lower sampling.plan.group_size (at most {result.max_group} fits) or train.micro_batch (at most "
-           f"{result.max_micro_batch}), enable model.gradient_checkpointing, or shard over more GPUs (docs/memory.md)")
+           f"{result.max_micro_batch}), enable model.gradient_checkpointing, or shard over more GPUs (docs/memory.md)"
+           + ("; or train a LoRA instead of every weight (model.finetune=lora model.reference=auto "
+              "train.learning_rate=3e-4)" if cfg.model.finetune == "full" else ""))
     if verdict == "no":
         raise UserError(f"this run cannot fit: {numbers}, less than the plan's {gib(result.total / PLAN_OVER_MEASURED)} GiB "
                         f"lower bound; {fix}")

@@ -56,6 +56,18 @@ def test_a_run_that_cannot_fit_is_refused_with_the_numbers_and_the_keys(monkeypa
     assert message.startswith("this run cannot fit: the memory plan puts this iteration at ")
     assert f"{planned / GIB:.2f} GiB per GPU" in message and "lower sampling.plan.group_size (at most " in message
     assert "train.micro_batch (at most " in message and "docs/memory.md" in message
+    assert "model.finetune=lora" not in message  # already a LoRA
+
+
+def test_a_full_fine_tuning_run_that_cannot_fit_names_the_lora_too(monkeypatch, setup):
+    """A paper's full fine-tuning recipe (DanceGRPO, MixGRPO, BranchGRPO on FLUX) refused on one GPU names the LoRA."""
+    cfg, model, _ = setup
+    full = load_config(None, None, [f"model.pretrained={cfg.model.pretrained}", "train.micro_batch=4",
+                                    "model.finetune=full"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    with pytest.raises(UserError, match=r"model\.finetune=lora model\.reference=auto train\.learning_rate=3e-4"):
+        check_before_rollout(full, model, 1, False, 8, 10, [].append)
 
 
 def test_other_devices_and_families_without_an_inventory_are_not_checked(monkeypatch, setup):
