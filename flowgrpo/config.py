@@ -282,7 +282,8 @@ class TrainConfig:
     max_iterations_without_reward: int = 3
     RULES: ClassVar[dict] = {
         "iterations": at_least(1), "prompts_per_iteration": at_least(1), "inner_epochs": at_least(1),
-        "updates_per_epoch": at_least(1), "update_split": one_of("groups", "transitions"), "micro_batch": at_least(1), "learning_rate": at_least(0),
+        "updates_per_epoch": at_least(1), "update_split": one_of("groups", "transitions"),
+        "micro_batch": at_least(1), "learning_rate": at_least(0),
         "lr_schedule": one_of("constant", "cosine", "linear"), "lr_final": between(0, 1), "weight_decay": at_least(0),
         "optimizer": one_of("adamw", "muon"),
         "adam_betas": BETAS, "grad_clip": at_least(0), "ema_decay": Rule(lambda v: _number(v) and 0 <= v < 1,

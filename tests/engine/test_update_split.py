@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from flowgrpo.config import ConfigError, load_config
-from flowgrpo.engine.trainer import Trainer
-from flowgrpo.run.paths import configs_dir
+from flowgrpo.config import ConfigError
+from test_forward_learners import analytic_trainer
 
 COMMON = ["resume=false", "log.progress=false", "log.gallery=false", "log.samples_every=0", "eval.every=0",
           "eval.at_start=false", "log.save_every=0"]
 
 
 def trainer_for(tmp_path, preset, *overrides):
-    cfg = load_config(preset, None, [f"output_dir={tmp_path}", *COMMON, *overrides],
-                      base=str(configs_dir() / "analytic.yaml"))
-    return Trainer(cfg)
+    """An analytic-world trainer (test_forward_learners.analytic_trainer), quiet, not resuming unless told."""
+    return analytic_trainer(tmp_path, preset, *COMMON, *overrides)
 
 
 def rows_of(groups: list[int]) -> list[tuple]:
@@ -154,7 +152,6 @@ def test_the_adaptive_weight_resumes_from_the_checkpoint(tmp_path):
     last = first.train()
     assert last["kl_weight"] == first.learner.kl_weight.weight and first.learner.kl_weight.calls > 0
     cfg = first.cfg
-    again = Trainer(load_config("sage", None, [f"output_dir={tmp_path}", *COMMON[1:], "resume=true", "train.iterations=3",
-                                               *common], base=str(configs_dir() / "analytic.yaml")))
+    again = trainer_for(tmp_path, "sage", "train.iterations=3", *common, "resume=true")
     assert cfg.run_dir == again.cfg.run_dir and again.resume()
     assert again.learner.kl_weight.state_dict() == first.learner.kl_weight.state_dict()
