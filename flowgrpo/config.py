@@ -428,11 +428,36 @@ def _blocks(layer: DictConfig) -> dict:
     return {name: layer.pop(name) for name in WORLD_BLOCKS if name in layer}
 
 
+@dataclass
+class Resolved:
+    """A run's configuration and where each of its settings came from: ``provenance`` maps every dotted leaf key
+    (``sampling.plan.*`` and ``sampling.window.*`` with the method's full plan and window, as ``resolved_plan``
+    gives them) to the layer that set it last, one of LAYER_NAMES, with the file in brackets where there is one."""
+
+    config: Config
+    provenance: dict
+    layers: list  # [(layer name, file or None)] in the order they were merged
+
+
+# the layers of a run's configuration, first to last (``flowgrpo config`` prints each key's)
+LAYER_NAMES = ("schema default", "embedded default", "tiny block", "base config", "preset method", "model config",
+               "recipe", "recipe_by_reward", "recipe_by_family", "run name", "override",
+               "method plan", "plan builder default")
+
+
 def load_config(preset: str | None = None, model: str | None = None, overrides: list[str] | None = None,
                 base: str | dict | None = None, default: str = "default") -> Config:
-    """Merge default ← base ← preset ← model ← overrides onto the schema, then validate.
+    """The validated run configuration (``resolve(...).config``): default ← base ← preset ← model ← recipe ←
+    overrides onto the schema; see ``resolve``."""
+    return resolve(preset, model, overrides, base, default).config
 
-    A METHOD_SECTIONS section that the preset writes replaces the default's section (schema defaults
+
+def resolve(preset: str | None = None, model: str | None = None, overrides: list[str] | None = None,
+            base: str | dict | None = None, default: str = "default") -> Resolved:
+    """Merge default ← base ← preset ← model ← overrides onto the schema, then validate, keeping which layer set
+    each key (``Resolved``).
+
+    A METHOD_SECTIONS section that the preset writes replaces the embedded default's section (schema defaults
     under the preset's keys) instead of merging into it.
 
     Two worlds (docs/presets.md). With no ``model`` or a tiny-world model config (TINY_WORLD_MODELS), the default's
@@ -446,22 +471,32 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
     "default_t2v" for text-to-video) or a YAML file."""
     schema = Config()
     real = is_real_model(model)
-    defaults = OmegaConf.load(_resolve_yaml(default, "."))
+    default_path = _resolve_yaml(default, ".")
+    defaults = OmegaConf.load(default_path)
     world = _blocks(defaults)
-    layers = [defaults] + ([world["tiny"]] if "tiny" in world and not real else [])
+    layers: list = [("embedded default", str(default_path), defaults)]
+    if "tiny" in world and not real:
+        layers.append(("tiny block", f"{default_path} (tiny:)", world["tiny"]))
     if isinstance(base, dict):
-        layers.append(OmegaConf.create(base))
+        layers.append(("base config", None, OmegaConf.create(base)))
     elif base:
-        layers.append(OmegaConf.load(_resolve_yaml(base, "presets")))
+        path = _resolve_yaml(base, "presets")
+        layers.append(("base config", str(path), OmegaConf.load(path)))
     recipes: dict = {}
     method = preset or (world.get("recipe_preset") if real else None)
+    preset_path = None
     if method:
-        layers.append(OmegaConf.load(_resolve_yaml(method, "presets")))
-        recipes = _blocks(layers[-1])
+        preset_path = _resolve_yaml(method, "presets")
+        loaded = OmegaConf.load(preset_path)
+        recipes = _blocks(loaded)
+        layers.append(("preset method", str(preset_path), loaded))
         for section in METHOD_SECTIONS:  # the preset's method replaces the default's, key by key it would leak
-            if section in layers[-1]:
-                layers[0].pop(section, None)
-    model_layer = OmegaConf.create({"model": OmegaConf.load(_resolve_yaml(model, "models"))}) if model else None
+            if section in loaded:
+                defaults.pop(section, None)
+    model_layer = None
+    if model:
+        model_path = _resolve_yaml(model, "models")
+        model_layer = ("model config", str(model_path), OmegaConf.create({"model": OmegaConf.load(model_path)}))
     dotlist = None
     if overrides:
         for item in overrides:
@@ -469,25 +504,33 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
                 raise ConfigError(f"override {item!r} is not key=value (e.g. train.iterations=10)")
         dotlist = OmegaConf.from_dotlist(overrides)
     if real:  # the paper's recipe: in general, for the rewards trained on, then for the model's family (most specific)
-        family = model_layer.model.get("family", ModelConfig.family)
-        by_reward = None
+        family = model_layer[2].model.get("family", ModelConfig.family)
+        by_reward, reward_name = None, None
         if recipes.get("recipe_by_reward"):  # the rewards the run trains on, as the layers and overrides say
-            rewards = _merge(schema, [*layers, model_layer, dotlist]).rewards
+            rewards = _merge(schema, [layer for _, _, layer in layers] + [model_layer[2], dotlist]).rewards
             names = {(r.get("name") if isinstance(r, dict) else r.name) for r in rewards}
             table = recipes["recipe_by_reward"]
-            by_reward = table.get(names.pop()) if len(names) == 1 else table.get("several") if names else None
+            reward_name = names.pop() if len(names) == 1 else "several" if names else None
+            by_reward = table.get(reward_name) if reward_name else None
         for name, block in (("recipe", recipes.get("recipe")), ("recipe_by_reward", by_reward)):
             if block is not None and "model" in block:
                 raise ConfigError(f"preset {method!r}: its {name} block sets model keys ({', '.join(block.model)}); a "
                                   "paper's model settings go under recipe_by_family.<family>, the family it trained")
         # the model config first, then the paper's recipe: a family's recipe may set how the paper ran that model
         # (its text length, full fine-tuning), which the model config's generic values would otherwise hide
-        layers += [model_layer, recipes.get("recipe"), by_reward, (recipes.get("recipe_by_family") or {}).get(family)]
+        by_family = (recipes.get("recipe_by_family") or {}).get(family)
+        layers += [model_layer, ("recipe", f"{preset_path} (recipe:)", recipes.get("recipe")),
+                   ("recipe_by_reward", f"{preset_path} (recipe_by_reward.{reward_name}:)", by_reward),
+                   ("recipe_by_family", f"{preset_path} (recipe_by_family.{family}:)", by_family)]
+        # a real run is not the tiny world's: named after its model and method unless run_name is given
+        layers.append(("run name", None, OmegaConf.create(
+            {"run_name": f"{Path(model).stem}-{Path(method).stem if method else 'default'}"})))
     else:
         layers.append(model_layer)
-    if real:  # a real run is not the tiny world's: named after its model and method unless run_name is given
-        layers.append(OmegaConf.create({"run_name": f"{Path(model).stem}-{Path(method).stem if method else 'default'}"}))
-    cfg: Config = OmegaConf.to_object(_merge(schema, [*layers, dotlist], overrides))
+    layers = [layer for layer in layers if layer is not None and layer[2] is not None]
+    if dotlist is not None:
+        layers.append(("override", "command line", dotlist))
+    cfg: Config = OmegaConf.to_object(_merge(schema, [layer for _, _, layer in layers], overrides))
     cfg.model = validate_model_config(cfg.model)
     try:
         cfg.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in cfg.rewards]
@@ -495,7 +538,73 @@ def load_config(preset: str | None = None, model: str | None = None, overrides: 
         raise ConfigError(f"rewards={cfg.rewards!r}: write each reward as {{name: NAME, weight: W}} (with a space after "
                           "each colon, or YAML reads 'name:toy' as one key), e.g. rewards='[{name: toy_dense, weight: 1.0}]'") from None
     validate(cfg)
-    return cfg
+    return Resolved(cfg, _provenance(cfg, layers), [(name, where) for name, where, _ in layers])
+
+
+def _leaves(node, prefix: str = "") -> dict:
+    """{dotted key: value} of the leaves of a plain mapping (a list is one leaf)."""
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _provenance(cfg: Config, layers: list) -> dict:
+    """Every leaf key of the resolved config (and of its resolved plan and window) -> the layer that set it last."""
+    import yaml
+
+    final = _leaves(yaml.safe_load(to_yaml(cfg)))
+    plan, window = resolved_plan(cfg)
+    final.update({f"sampling.plan.{k}": v for k, v in plan.items()})
+    final.update({f"sampling.window.{k}": v for k, v in (window or {}).items()})
+    origin = {key: "schema default" for key in final}
+    import samplers
+
+    method = samplers.METHOD_PRESETS.get(cfg.sampling.method, {})
+    for key in plan:
+        origin[f"sampling.plan.{key}"] = "method plan" if key in method.get("plan", {}) else "plan builder default"
+    for key in window or {}:
+        origin[f"sampling.window.{key}"] = "method plan" if key in (method.get("window") or {}) else \
+            "plan builder default"
+    for name, where, layer in layers:
+        label = f"{name} [{_short(where)}]" if where else name
+        for key in _leaves(OmegaConf.to_container(layer)):
+            if key in final:
+                origin[key] = label
+            else:  # a layer's whole mapping or list (rewards) counts for the leaves under it
+                for leaf in final:
+                    if leaf.startswith(key + ".") or leaf == key:
+                        origin[leaf] = label
+    return origin
+
+
+def _short(where: str) -> str:
+    """A layer's file relative to the project (configs/presets/x.yaml), or as it is."""
+    root = str(configs_dir().parent) + "/"
+    return where.replace(root, "")
+
+
+def resolved_plan(cfg: Config) -> tuple[dict, dict | None]:
+    """The run's whole plan and window arguments: the builders' defaults (``compose_plan``, ``WindowSchedule``), under
+    the method's (samplers.METHOD_PRESETS), under ``sampling.plan`` / ``sampling.window``. The window is None for a
+    method without a moving window. The grid's time shift is the model's unless the config sets one (None here)."""
+    import inspect
+
+    import samplers
+
+    method = samplers.METHOD_PRESETS[cfg.sampling.method]
+    builder = {k: p.default for k, p in inspect.signature(samplers.compose_plan).parameters.items()
+               if p.default is not inspect.Parameter.empty and k not in ("name", "window")}
+    builder["shift"] = cfg.sampling.shift  # None: the model's, for the plan's number of steps (plan_schedule)
+    plan = {**builder, **method["plan"], **dict(cfg.sampling.plan)}
+    if method["window"] is None:
+        return plan, None
+    window_builder = {k: p.default for k, p in inspect.signature(samplers.WindowSchedule).parameters.items()
+                      if p.default is not inspect.Parameter.empty and k != "seed"}
+    return plan, {**window_builder, **method["window"], **dict(cfg.sampling.window)}
 
 
 def _merge(schema: Config, layers: list, overrides: list[str] | None = None) -> DictConfig:

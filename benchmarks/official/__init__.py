@@ -1,0 +1,484 @@
+"""The official launches, read from the official repositories: readers, and the data files they write.
+
+A *launch* is one run a paper's code makes (a config function, a launch script): every value its config or launch
+script sets, every argparse / ml_collections / dataclass default it leaves in place, and the library defaults and
+hard-coded constants it relies on that change the run. The readers here take them from a checkout mechanically,
+each value with its source (``file:line`` in the checkout, the commit beside it), so that nothing a script could read
+is typed by hand:
+
+- ``trace_ml_collections``: runs an ml_collections config function (Flow-GRPO, DiffusionNFT, AWM, DGPO) with
+  ``ConfigDict.__setitem__`` watched, so every leaf gets the line that last assigned it (and the config-file lines
+  that called it there), and returns the named locals of the config functions (``gpu_number``) too.
+- ``argparse_defaults``: every ``add_argument`` of a training script (DanceGRPO, MixGRPO, BranchGRPO), by AST.
+- ``dataclass_defaults``: the fields of a config dataclass (SAGE-GRPO's ``TrainingConfig``), by AST.
+- ``shell_arguments``: the ``--flag value`` pairs of a launch script's training command, with shell variables
+  substituted, each at its line.
+- ``code_fact``: a hard-coded constant or call argument, found by a regular expression in a named file, which must
+  match exactly once (a moved or changed constant fails the extraction instead of going stale).
+
+Each repository has a module beside this one (``official/<code>.py``) that names its checkout's environment
+variable, the presets that follow its code, and its runs; ``benchmarks/official/extract.py`` writes one data file per
+preset to docs/official/data/, and docs/official/map/<code>.yaml says what each official key is in flowgrpo
+(``benchmarks/official/mapping.py``, tests/engine/test_official_recipes.py). docs/official/README.md has the formats.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "docs" / "official" / "data"
+MAPS = ROOT / "docs" / "official" / "map"
+
+
+class ExtractionError(RuntimeError):
+    """The checkout does not say what the reader expected (a moved constant, a renamed function)."""
+
+
+@dataclass(frozen=True)
+class Value:
+    """One official value and where it comes from: ``source`` is ``file:line`` in the checkout (``a < b``: the line
+    that assigned it, called from b), or a short phrase for a value no line states (an argparse default left in
+    place is still the ``add_argument`` line)."""
+
+    value: Any
+    source: str
+
+
+@dataclass
+class Launch:
+    """One official run: the flowgrpo model config and rewards it corresponds to, and every official value."""
+
+    name: str  # the official name of the run (config function, launch script)
+    model: str  # the flowgrpo model config (configs/models/<model>.yaml) of the model it trains
+    rewards: list[str]  # the flowgrpo reward names it trains on (as `rewards=[{name: ...}]` would list them)
+    values: dict[str, Value] = field(default_factory=dict)
+    entry: str = ""  # where the run is defined (``file:line``)
+
+
+@dataclass
+class Checkout:
+    """A checkout of an official repository: ``path`` from the environment variable ``env``; ``commit`` from its git
+    metadata or a COMMIT file (a checkout assembled from several commits writes one commit per file there, as
+    ``<commit> <path>`` lines, and a ``*`` line for the rest)."""
+
+    repository: str
+    env: str
+    path: Path
+    commits: dict[str, str]
+
+    @classmethod
+    def from_env(cls, repository: str, env: str) -> "Checkout":
+        value = os.environ.get(env)
+        if not value:
+            raise ExtractionError(f"set {env} to a checkout of https://github.com/{repository}")
+        path = Path(value).resolve()
+        if not path.is_dir():
+            raise ExtractionError(f"{env}={value} is not a directory (a checkout of {repository})")
+        return cls(repository, env, path, read_commits(path))
+
+    def commit_of(self, relpath: str) -> str:
+        return self.commits.get(relpath) or self.commits.get("*", "unknown")
+
+    def file(self, relpath: str) -> Path:
+        path = self.path / relpath
+        if not path.is_file():
+            raise ExtractionError(f"{self.repository}: {relpath} is not in the checkout {self.path}")
+        return path
+
+    def cite(self, relpath: str, line: int | None = None) -> str:
+        """``repository@commit7 relpath[:line]``: how docs cite a line of this checkout."""
+        return f"{self.repository}@{self.commit_of(relpath)[:7]} {relpath}" + (f":{line}" if line else "")
+
+
+def read_commits(path: Path) -> dict[str, str]:
+    """{relpath or '*': commit} of a checkout: its git HEAD for every file, or the lines of its COMMIT file."""
+    if (path / ".git").exists():
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+            return {"*": head}
+    commits = {}
+    if (path / "COMMIT").is_file():
+        for line in (path / "COMMIT").read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 1:
+                commits["*"] = parts[0]
+            elif len(parts) == 2:
+                commits[parts[1]] = parts[0]
+    return commits
+
+
+# ------------------------------------------------------------------------------------------------ ml_collections
+def _plain(value):
+    """A config value as plain data: ConfigDicts as dicts, tuples as lists, FieldReferences resolved."""
+    from ml_collections import ConfigDict, FieldReference
+
+    if isinstance(value, FieldReference):
+        value = value.get()
+    if isinstance(value, ConfigDict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def trace_ml_collections(checkout: Checkout, config_file: str, function: str,
+                         locals_wanted: dict[str, list[str]] | None = None,
+                         cwd: str | None = None) -> tuple[dict[str, Value], dict[str, Value]]:
+    """Run ``config_file``'s ``function()`` (an ml_collections config) from the checkout and return
+    ({dotted key: Value} of every leaf, {function.name: Value} of the locals asked for).
+
+    Every ``ConfigDict.__setitem__`` made by a frame in the checkout records the frames of the checkout on the stack
+    (innermost first); a leaf takes the record of its own key, or of the nearest ancestor assigned whole (a dict
+    literal). ``locals_wanted`` = {function name: [local names]}: their values when that function returns, at the
+    line that last assigned them. The config module is imported from ``checkout.path`` with the working directory
+    ``cwd`` (default: the checkout; configs call ``os.getcwd()`` for dataset paths)."""
+    from ml_collections import ConfigDict
+
+    root = str(checkout.path)
+    records: dict[tuple[int, str], list[str]] = {}
+    original = ConfigDict.__setitem__
+
+    def where() -> list[str]:
+        frames, frame = [], sys._getframe(2)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(root):
+                frames.append(f"{os.path.relpath(name, root)}:{frame.f_lineno}")
+            frame = frame.f_back
+        return frames
+
+    def watched(self, key, value):
+        original(self, key, value)
+        frames = where()
+        if frames:
+            records[(id(self), key)] = frames
+
+    locals_found: dict[str, Value] = {}
+    wanted = locals_wanted or {}
+
+    def tracer(frame, event, arg):
+        code = frame.f_code
+        if not code.co_filename.startswith(root) or code.co_name not in wanted:
+            return None
+
+        def on_return(frame, event, arg):
+            if event == "return":
+                for name in wanted[code.co_name]:
+                    if name in frame.f_locals:
+                        line = _assignment_line(code.co_filename, code.co_name, name)
+                        locals_found[f"{code.co_name}.{name}"] = Value(
+                            _plain(frame.f_locals[name]), f"{os.path.relpath(code.co_filename, root)}:{line}")
+            return on_return
+
+        return on_return
+
+    path = checkout.file(config_file)
+    previous_cwd, previous_path = os.getcwd(), list(sys.path)
+    ConfigDict.__setitem__ = watched
+    sys.settrace(tracer)
+    try:
+        os.chdir(cwd or root)
+        sys.path.insert(0, root)
+        spec = importlib.util.spec_from_file_location(f"_official_{Path(config_file).stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config = getattr(module, function)()
+    finally:
+        sys.settrace(None)
+        ConfigDict.__setitem__ = original
+        os.chdir(previous_cwd)
+        sys.path[:] = previous_path
+    missing = {f"{f}.{n}" for f, names in wanted.items() for n in names} - set(locals_found)
+    if missing:
+        raise ExtractionError(f"{config_file}: {function}() never had the locals {sorted(missing)}")
+
+    values: dict[str, Value] = {}
+
+    def walk(node, prefix: str, inherited: list[str] | None):
+        for key, child in node.items():
+            dotted = f"{prefix}{key}"
+            frames = records.get((id(node), key), inherited)
+            if isinstance(child, ConfigDict) and len(child):
+                walk(child, dotted + ".", frames)
+            else:
+                source = " < ".join(frames) if frames else "not assigned in the checkout"
+                values[dotted] = Value(_relative(_plain(child), root), source)
+
+    walk(config, "", None)
+    return values, locals_found
+
+
+def _relative(value, root: str):
+    """Paths under the checkout (``os.getcwd()`` in a config) as paths relative to it: the data do not name this
+    machine's folders."""
+    if isinstance(value, str) and value.startswith(root):
+        return value[len(root):].lstrip("/") or "."
+    if isinstance(value, list):
+        return [_relative(v, root) for v in value]
+    if isinstance(value, dict):
+        return {k: _relative(v, root) for k, v in value.items()}
+    return value
+
+
+def _assignment_line(filename: str, function: str, name: str) -> int:
+    """The line of the last plain assignment ``name = ...`` in ``function`` of ``filename``."""
+    tree = ast.parse(Path(filename).read_text())
+    line = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in inner.targets):
+                    line = max(line, inner.lineno)
+    if not line:
+        raise ExtractionError(f"{filename}: no assignment of {name} in {function}()")
+    return line
+
+
+# ---------------------------------------------------------------------------------------------------- argparse
+@dataclass(frozen=True)
+class Argument:
+    """One ``add_argument``: its dest, default (literal, or the source text when it is not a literal), type name
+    (int, float, str, bool for store_true/store_false, or the source text of ``type=``) and line."""
+
+    dest: str
+    default: Any
+    type: str
+    line: int
+
+
+def argparse_defaults(checkout: Checkout, script: str) -> dict[str, Argument]:
+    """Every ``*.add_argument("--name", ...)`` call of ``script``, by AST: {dest: Argument}."""
+    tree = ast.parse(checkout.file(script).read_text())
+    out: dict[str, Argument] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"):
+            continue
+        flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        long = [f for f in flags if f.startswith("--")] or flags
+        if not long:
+            continue
+        keywords = {k.arg: k.value for k in node.keywords if k.arg}
+        dest = keywords["dest"].value if "dest" in keywords else long[0].lstrip("-").replace("-", "_")
+        action = keywords.get("action")
+        action = action.value if isinstance(action, ast.Constant) else None
+        if action in ("store_true", "store_false"):
+            default = action == "store_false" if "default" not in keywords else ast.literal_eval(keywords["default"])
+            kind = "bool"
+        else:
+            default = None
+            if "default" in keywords:
+                try:
+                    default = ast.literal_eval(keywords["default"])
+                except ValueError:
+                    default = ast.unparse(keywords["default"])
+            kind = ast.unparse(keywords["type"]) if "type" in keywords else "str"
+        out[dest] = Argument(dest, default, kind, node.lineno)
+    return out
+
+
+def dataclass_defaults(checkout: Checkout, module_file: str, class_name: str) -> dict[str, Argument]:
+    """The annotated fields with defaults of ``class_name`` in ``module_file``: {name: Argument}. A
+    ``field(default_factory=...)`` or a non-literal default is kept as its source text."""
+    tree = ast.parse(checkout.file(module_file).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            out = {}
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    default = None
+                    if item.value is not None:
+                        try:
+                            default = ast.literal_eval(item.value)
+                        except ValueError:
+                            default = ast.unparse(item.value)
+                    out[item.target.id] = Argument(item.target.id, default, ast.unparse(item.annotation), item.lineno)
+            return out
+    raise ExtractionError(f"{module_file} has no class {class_name}")
+
+
+# ------------------------------------------------------------------------------------------------- shell scripts
+@dataclass(frozen=True)
+class ShellCommand:
+    """The training command of a launch script: its program tokens before the first flag, and {flag: (value, line)}
+    (a flag with no value, followed by another flag or the end, has value None)."""
+
+    program: list[str]
+    flags: dict[str, tuple[str | None, int]]
+    line: int
+    variables: dict[str, tuple[str, int]]
+
+
+def shell_arguments(checkout: Checkout, script: str, marker: str) -> ShellCommand:
+    """The command of ``script`` whose text contains ``marker`` (e.g. the training script's file name), with its
+    backslash continuations joined and ``$VAR`` / ``${VAR}`` replaced by the script's own earlier ``VAR=value``
+    assignments (``export`` included). Exactly one command may contain the marker."""
+    lines = checkout.file(script).read_text().splitlines()
+    variables: dict[str, tuple[str, int]] = {}
+    commands: list[tuple[int, list[tuple[str, int]]]] = []
+    i = 0
+    while i < len(lines):
+        start, text, spans = i, "", []
+        while True:
+            raw = lines[i]
+            stripped = raw.split(" #")[0] if not raw.lstrip().startswith("#") else ""
+            continued = stripped.rstrip().endswith("\\")
+            body = stripped.rstrip()[:-1] if continued else stripped
+            spans.append((len(text), i + 1))
+            text += body + " "
+            i += 1
+            if not continued or i >= len(lines):
+                break
+        assignment = re.match(r"^\s*(?:export\s+)?([A-Za-z_]\w*)=(\S*)\s*$", text)
+        if assignment:
+            variables[assignment.group(1)] = (_substitute(assignment.group(2), variables).strip("\"'"), start + 1)
+            continue
+        if marker in text:
+            tokens = []
+            for match in re.finditer(r"\S+", text):
+                line = max(n for offset, n in spans if offset <= match.start())
+                tokens.append((match.group(0), line))
+            commands.append((start + 1, tokens))
+    if len(commands) != 1:
+        raise ExtractionError(f"{script}: {len(commands)} commands contain {marker!r} (expected exactly one)")
+    start, tokens = commands[0]
+    program, flags, k = [], {}, 0
+    while k < len(tokens) and not tokens[k][0].startswith("--"):
+        program.append(_substitute(tokens[k][0], variables))
+        k += 1
+    while k < len(tokens):
+        flag, line = tokens[k]
+        if not flag.startswith("--"):
+            raise ExtractionError(f"{script}:{line}: {flag!r} follows no flag")
+        name = flag[2:]
+        value = None
+        if "=" in name:
+            name, value = name.split("=", 1)
+        elif k + 1 < len(tokens) and not tokens[k + 1][0].startswith("--"):
+            k += 1
+            value = tokens[k][0]
+        flags[name.replace("-", "_")] = (None if value is None else " ".join(shlex.split(_substitute(value, variables))),
+                                         line)
+        k += 1
+    return ShellCommand(program, flags, start, variables)
+
+
+def _substitute(text: str, variables: dict[str, tuple[str, int]]) -> str:
+    def replace(match):
+        name = match.group(1) or match.group(2)
+        if name not in variables:
+            raise ExtractionError(f"${name} is not assigned in the script")
+        return variables[name][0]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", replace, text)
+
+
+def typed(text: str | None, kind: str):
+    """A launch-script value as argparse would parse it with ``type=kind`` (bool flags: present = True)."""
+    if kind == "bool":
+        return True if text is None else text.lower() in ("1", "true", "yes")
+    if text is None:
+        raise ExtractionError(f"a flag of type {kind} has no value")
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    return text
+
+
+def argparse_launch(checkout: Checkout, script: str, launcher: str, marker: str,
+                    prefix: str = "") -> tuple[dict[str, Value], ShellCommand]:
+    """Every argument of ``script`` as the launch script ``launcher`` runs it: the launcher's flag where it passes one
+    (cited at its line there), else the ``add_argument`` default (cited there). A flag the script does not define is
+    an error (argparse would refuse it). Keys are ``prefix + dest``."""
+    arguments = argparse_defaults(checkout, script)
+    command = shell_arguments(checkout, launcher, marker)
+    unknown = sorted(set(command.flags) - set(arguments))
+    if unknown:
+        raise ExtractionError(f"{launcher} passes {unknown}, which {script} does not define")
+    values = {}
+    for dest, arg in sorted(arguments.items()):
+        if dest in command.flags:
+            text, line = command.flags[dest]
+            values[prefix + dest] = Value(typed(text, arg.type if arg.type in ("int", "float", "bool") else "str"),
+                                          f"{launcher}:{line}")
+        else:
+            values[prefix + dest] = Value(arg.default, f"{script}:{arg.line} (default)")
+    return values, command
+
+
+# ---------------------------------------------------------------------------------------------------- code facts
+def code_fact(checkout: Checkout, relpath: str, pattern: str, convert=ast.literal_eval,
+              function: str | None = None) -> Value:
+    """The first group of the one match of ``pattern`` (a regular expression, multiline) in ``relpath`` (within
+    ``function``'s source when given), converted (a Python literal by default), at the line where the group starts.
+    Zero or several matches are an error naming the pattern: a changed constant fails instead of going stale."""
+    text = checkout.file(relpath).read_text()
+    offset = 0
+    if function is not None:
+        tree = ast.parse(text)
+        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == function]
+        if len(nodes) != 1:
+            raise ExtractionError(f"{relpath}: {len(nodes)} functions named {function}")
+        lines = text.splitlines(keepends=True)
+        offset = sum(len(line) for line in lines[: nodes[0].lineno - 1])
+        text_scope = "".join(lines[nodes[0].lineno - 1: nodes[0].end_lineno])
+    else:
+        text_scope = text
+    matches = list(re.finditer(pattern, text_scope, re.MULTILINE))
+    if len(matches) != 1:
+        raise ExtractionError(f"{relpath}{f' ({function})' if function else ''}: {len(matches)} matches of {pattern!r}"
+                              " (expected exactly one)")
+    match = matches[0]
+    line = text[: offset + match.start(1)].count("\n") + 1
+    return Value(convert(match.group(1)), f"{relpath}:{line}")
+
+
+# ---------------------------------------------------------------------------------------------------- data files
+def write_data(preset: str, checkout: Checkout, launches: list[Launch], note: str = "") -> Path:
+    """docs/official/data/<preset>.yaml: the launches, every value with its source, sorted keys."""
+    import yaml
+
+    files = sorted({v.source.split(":")[0] for launch in launches for v in launch.values.values() if ":" in v.source}
+                   | {launch.entry.split(":")[0] for launch in launches if launch.entry})
+    data = {
+        "preset": preset,
+        "repository": checkout.repository,
+        "commits": {f: checkout.commit_of(f) for f in files},
+        "generated_by": f"benchmarks/official/extract.py ({checkout.env})",
+        "note": note,
+        "launches": {
+            launch.name: {
+                "model": launch.model,
+                "rewards": list(launch.rewards),
+                "entry": launch.entry,
+                "values": {k: {"value": v.value, "source": v.source} for k, v in sorted(launch.values.items())},
+            }
+            for launch in launches
+        },
+    }
+    DATA.mkdir(parents=True, exist_ok=True)
+    path = DATA / f"{preset}.yaml"
+    header = (f"# The official launches of `{preset}`, read from {checkout.repository} by benchmarks/official/extract.py;\n"
+              "# do not edit: rerun the extraction (docs/official/README.md).\n")
+    path.write_text(header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120))
+    return path
+
+
+def read_data(preset: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((DATA / f"{preset}.yaml").read_text())

@@ -1,0 +1,73 @@
+"""Write docs/official/data/<preset>.yaml from the official repositories' checkouts.
+
+    python benchmarks/official/extract.py                 every code base whose checkout variable is set
+    python benchmarks/official/extract.py flow_grpo dgpo  those code bases (benchmarks/official/<code>.py)
+    python benchmarks/official/extract.py --list          the code bases, their variables and presets
+
+Each code base's module names its repository, the environment variable with the path of its checkout (a git
+checkout, or a folder whose COMMIT file names the commit of each file: docs/official/README.md), the presets that
+follow its code and ``launches(checkout, preset)``: every official launch of that preset, each value read from the
+checkout with its source. ml_collections configs are executed (``pip install -e ".[official]"``); nothing else of the
+checkout runs. A value the readers cannot find fails the extraction with the file and pattern.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from official import Checkout, ExtractionError, write_data  # noqa: E402
+
+CODES = ("flow_grpo", "diffusion_nft", "awm", "dgpo", "dancegrpo", "mixgrpo", "branchgrpo", "sage")
+
+
+def module(code: str):
+    return importlib.import_module(f"official.{code}")
+
+
+def extract(code: str) -> list[Path]:
+    mod = module(code)
+    checkout = Checkout.from_env(mod.REPOSITORY, mod.ENV)
+    written = []
+    for preset in mod.PRESETS:
+        launches = mod.launches(checkout, preset)
+        if not launches:
+            raise ExtractionError(f"{code}: no launches for {preset}")
+        written.append(write_data(preset, checkout, launches, getattr(mod, "NOTES", {}).get(preset, "")))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("codes", nargs="*", choices=[*CODES, []], help="code bases (default: every one whose checkout is set)")
+    parser.add_argument("--list", action="store_true", help="list the code bases, their variables and presets")
+    args = parser.parse_args(argv)
+    if args.list:
+        for code in CODES:
+            mod = module(code)
+            state = os.environ.get(mod.ENV, "(not set)")
+            print(f"{code:14s} {mod.REPOSITORY:36s} {mod.ENV}={state}  presets: {', '.join(mod.PRESETS)}")
+        return 0
+    codes = args.codes or [c for c in CODES if os.environ.get(module(c).ENV)]
+    if not codes:
+        print("no checkout is set; see --list for the variables", file=sys.stderr)
+        return 2
+    status = 0
+    for code in codes:
+        try:
+            for path in extract(code):
+                print(f"{code}: wrote {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+        except ExtractionError as exc:
+            print(f"{code}: {exc}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

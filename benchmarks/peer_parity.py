@@ -1,0 +1,59 @@
+"""Trajectory parity of every preset with its official sampler, step by step (docs/results/peer_parity.md).
+
+    FLOW_GRPO_PATH=... DANCEGRPO_PATH=... python benchmarks/peer_parity.py [code ...] [--out FILE]
+
+Runs ``benchmarks/parity/<code>.py`` for every code base whose checkout variable is set (docs/official/README.md
+names them), prints one line per compared method (the largest σ, x' and log-prob differences, each within
+TOLERANCE_ULPS float32 ulps of the values' magnitude) and writes the per-step rows to docs/results/peer_parity.json.
+Exit status 1 when any method differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from official import Checkout  # noqa: E402
+from parity import ROOT, write_reports  # noqa: E402
+
+CODES = ("flow_grpo", "diffusion_nft", "awm", "dgpo", "dancegrpo", "mixgrpo", "branchgrpo")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("codes", nargs="*", help=f"code bases among {', '.join(CODES)} (default: every one set)")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "peer_parity.json"))
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.codes) - set(CODES))
+    if unknown:
+        parser.error(f"unknown code bases {unknown}; use {', '.join(CODES)}")
+    torch_threads = int(os.environ.get("OMP_NUM_THREADS", "0"))
+    if torch_threads:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    modules = {code: importlib.import_module(f"official.{code}") for code in CODES}
+    codes = args.codes or [c for c in CODES if os.environ.get(modules[c].ENV)]
+    if not codes:
+        print("no checkout is set: " + ", ".join(f"{modules[c].ENV} ({modules[c].REPOSITORY})" for c in CODES),
+              file=sys.stderr)
+        return 2
+    reports = []
+    for code in codes:
+        checkout = Checkout.from_env(modules[code].REPOSITORY, modules[code].ENV)
+        for report in importlib.import_module(f"parity.{code}").run(checkout):
+            print(f"{code:14s} {report.line()}")
+            reports.append(report)
+    write_reports(reports, Path(args.out))
+    print(f"wrote {args.out}: {sum(r.ok for r in reports)} of {len(reports)} methods equal step by step")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

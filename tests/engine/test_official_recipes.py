@@ -1,0 +1,101 @@
+"""Every setting of every preset is the official run's: each official launch (docs/official/data/, read from the
+official code by benchmarks/official/extract.py) composed through flowgrpo's own resolution, every official key either
+mapped to the flowgrpo key(s) it is and equal there, or listed with no counterpart (its kind and reason), or a stated
+deliberate difference that really differs (docs/official/map/). An official key nobody mapped fails."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from official import mapping  # noqa: E402
+from official.mapping import NONE_KINDS, check, code_of, load_map, summary  # noqa: E402
+
+from flowgrpo.config import resolve  # noqa: E402
+from flowgrpo.run.paths import configs_dir  # noqa: E402
+
+PRESETS = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
+BAD = ("unmapped", "wrong", "error", "differs_but_same")
+
+
+def test_every_preset_has_its_official_launches_and_one_map():
+    assert mapping.presets_with_data() == PRESETS
+    for preset in PRESETS:
+        code_of(preset)  # exactly one map lists it
+        data = mapping.read_data(preset)
+        assert data["launches"], preset
+        for launch in data["launches"].values():
+            assert (configs_dir() / "models" / f"{launch['model']}.yaml").is_file(), launch["model"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_official_key_of_every_launch_is_accounted_for(preset):
+    rows = check(preset)
+    bad = [f"{r.launch}: {r.official} = {r.value!r} ({r.source}): {r.status} "
+           f"{ {k: v for k, v in r.flowgrpo.items()} or ''} {r.why}" for r in rows if r.status in BAD]
+    counts = summary(rows)
+    print(f"{preset}: {len(rows)} official values over {len({r.launch for r in rows})} launches: {counts}")
+    assert not bad, f"{preset}: {len(bad)} of {len(rows)} official values not accounted for:\n" + "\n".join(bad)
+    assert counts.get("same", 0) > 0
+
+
+def test_every_map_entry_is_used_and_every_kind_is_known():
+    """No stale entry: each mapped, listed or differing key of a map occurs in a launch of one of its presets."""
+    import fnmatch
+
+    for code in mapping.codes():
+        table = load_map(code)
+        keys = set()
+        for preset in table["presets"]:
+            for launch in mapping.read_data(preset)["launches"].values():
+                keys |= set(launch["values"])
+        sections = [table.get("keys") or {}, table.get("none") or {}]
+        sections += [d for d in (table.get("differs") or {}).values()]
+        for special in (table.get("launches") or {}).values():
+            sections += [special.get("keys") or {}, special.get("none") or {}]
+            sections += [d for d in (special.get("differs") or {}).values()]
+        for section in sections:
+            for key in section:
+                assert any(fnmatch.fnmatchcase(k, key) for k in keys), f"map {code}: {key!r} is in no launch"
+        for key, entry in (table.get("none") or {}).items():
+            assert entry.get("kind") in NONE_KINDS and entry.get("why"), f"map {code}: {key} needs a known kind and why"
+
+
+def _first(preset: str, status: str):
+    return next(r for r in check(preset) if r.status == status)
+
+
+def test_deleting_one_mapping_fails_the_check(monkeypatch):
+    """Negative control: the official key a map no longer names comes back as unmapped."""
+    row = _first("flow_grpo", "same")
+    code = code_of("flow_grpo")
+    table = copy.deepcopy(load_map(code))
+    del table["keys"][row.official]
+    monkeypatch.setattr(mapping, "load_map", lambda c: table if c == code else load_map(c))
+    assert any(r.official == row.official and r.status == "unmapped" for r in check("flow_grpo"))
+
+
+def test_changing_one_resolved_value_fails_the_check():
+    """Negative control: a run that resolves to another value than the official one is reported wrong."""
+    row = _first("dgpo", "same")
+    key, (want, _) = next(iter(row.flowgrpo.items()))
+
+    def tampered(*args, **kwargs):
+        resolved = resolve(*args, **kwargs)
+        section, _, name = key.rpartition(".")
+        if section.startswith("sampling.plan"):
+            resolved.config.sampling.plan[name] = "tampered"
+        else:
+            node = resolved.config
+            for part in section.split("."):
+                node = getattr(node, part)
+            setattr(node, name, "tampered" if isinstance(want, str) else (want or 1) * 3 + 1)
+        return resolved
+
+    assert any(r.official == row.official and r.status == "wrong" for r in check("dgpo", resolve=tampered))
