@@ -104,10 +104,14 @@ class SamplingConfig:
     guidance_scale: Optional[float] = None  # CFG scale in rollout and training; None = the model's
     max_batch: int = 256  # cap on rows per velocity call (memory)
     reduce: str = "mean"  # log-prob reduction over latent elements: mean (every public repo) | sum (true density)
+    # the log-prob's form: gaussian (the density) | squared_error (−reduce(x' − μ)², no 1/(2s²): Flow-GRPO's CPS code,
+    # whose clip range binds on that scale; the KL keeps the step's s)
+    log_prob: str = "gaussian"
     batches_per_iteration: int = 1  # rollout batches per iteration; rewards of batch b run while batch b+1 samples
     RULES: ClassVar[dict] = {"method": TEXT, "plan": MAPPING, "window": MAPPING, "shift": optional(above(0)),
                              "guidance_scale": optional(at_least(0)), "max_batch": at_least(1),
-                             "reduce": one_of("mean", "sum"), "batches_per_iteration": at_least(1)}
+                             "reduce": one_of("mean", "sum"), "log_prob": one_of("gaussian", "squared_error"),
+                             "batches_per_iteration": at_least(1)}
 
 
 @dataclass
@@ -565,10 +569,11 @@ def _provenance(cfg: Config, layers: list) -> dict:
 
     method = samplers.METHOD_PRESETS.get(cfg.sampling.method, {})
     for key in plan:
-        origin[f"sampling.plan.{key}"] = "method plan" if key in method.get("plan", {}) else "plan builder default"
+        origin[f"sampling.plan.{key}"] = "method plan [samplers/plans.py]" if key in method.get("plan", {}) else \
+            "plan builder default [samplers/plans.py compose_plan]"
     for key in window or {}:
-        origin[f"sampling.window.{key}"] = "method plan" if key in (method.get("window") or {}) else \
-            "plan builder default"
+        origin[f"sampling.window.{key}"] = "method plan [samplers/plans.py]" if key in (method.get("window") or {}) \
+            else "plan builder default [samplers/schedules.py WindowSchedule]"
     for name, where, layer in layers:
         label = f"{name} [{_short(where)}]" if where else name
         for key in _leaves(OmegaConf.to_container(layer)):
@@ -578,6 +583,9 @@ def _provenance(cfg: Config, layers: list) -> dict:
                 for leaf in final:
                     if leaf.startswith(key + ".") or leaf == key:
                         origin[leaf] = label
+    if "shift" not in method.get("plan", {}) and "shift" not in cfg.sampling.plan:
+        origin["sampling.plan.shift"] = (f"sampling.shift ({origin['sampling.shift']})" if cfg.sampling.shift is not None
+                                         else "the model's shift for the plan's steps (sampling.shift is null)")
     return origin
 
 
@@ -596,14 +604,15 @@ def resolved_plan(cfg: Config) -> tuple[dict, dict | None]:
     import samplers
 
     method = samplers.METHOD_PRESETS[cfg.sampling.method]
-    builder = {k: p.default for k, p in inspect.signature(samplers.compose_plan).parameters.items()
-               if p.default is not inspect.Parameter.empty and k not in ("name", "window")}
+    builder = {k: (None if p.default is inspect.Parameter.empty else p.default)
+               for k, p in inspect.signature(samplers.compose_plan).parameters.items() if k not in ("name", "window")}
     builder["shift"] = cfg.sampling.shift  # None: the model's, for the plan's number of steps (plan_schedule)
     plan = {**builder, **method["plan"], **dict(cfg.sampling.plan)}
     if method["window"] is None:
         return plan, None
-    window_builder = {k: p.default for k, p in inspect.signature(samplers.WindowSchedule).parameters.items()
-                      if p.default is not inspect.Parameter.empty and k != "seed"}
+    window_builder = {k: (None if p.default is inspect.Parameter.empty else p.default)
+                      for k, p in inspect.signature(samplers.WindowSchedule).parameters.items()
+                      if k not in ("num_steps", "seed")}
     return plan, {**window_builder, **method["window"], **dict(cfg.sampling.window)}
 
 
@@ -701,6 +710,9 @@ def validate(cfg: Config) -> None:
             "transition learner does not have; set sampling.plan.sa_tau=0 (or another solver), or use a "
             "forward-process learner (--preset awm, diffusion_nft or dgpo)"
         )
+    if cfg.sampling.log_prob != "gaussian" and cfg.loss.likelihood_backend == "fused":
+        raise ConfigError(f"sampling.log_prob={cfg.sampling.log_prob} is scored by the PyTorch likelihood terms only (the "
+                          "fused op scores the Gaussian form); set loss.likelihood_backend=reference (or auto)")
     group = plan.get("group_size", 1)
     tree = bool(plan.get("splits")) or bool(plan.get("side_steps"))
     if not tree and group < 2:

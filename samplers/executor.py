@@ -32,7 +32,7 @@ from samplers.grids import (
     make_generator,
     seed_prefix,
 )
-from samplers.kernels import KERNEL_NAMES, column, compute_dtype, get_kernel, log_prob
+from samplers.kernels import KERNEL_NAMES, LOG_PROB_FORMS, column, compute_dtype, get_kernel, log_prob
 from samplers.plans import Plan
 from samplers.solvers import Velocity, call_velocity, data_prediction, ode_step, sa_predictor_coefficients, sa_solver_step
 from samplers.trajectory import Endpoints, NFECounter, Trajectory
@@ -54,7 +54,8 @@ class _Run:
     """State of one rollout; ``run()`` walks the levels."""
 
     def __init__(self, velocity, plan, prompt_ids, latent_shape, seed, iteration=0, cond_index=None,
-                 dtype=torch.float32, device=None, max_batch=None, store_mean=False, reduce="mean", keep_record=True):
+                 dtype=torch.float32, device=None, max_batch=None, store_mean=False, reduce="mean", keep_record=True,
+                 log_prob_form="gaussian"):
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a samplers.Plan, got {type(plan).__name__}")
         if not dtype.is_floating_point:
@@ -76,7 +77,10 @@ class _Run:
         self.velocity, self.plan, self.tpl = velocity, plan, template_for(plan)
         self.seed, self.iteration = int(seed), int(iteration)
         self.dtype, self.cdtype = dtype, compute_dtype(dtype)
+        if log_prob_form not in LOG_PROB_FORMS:
+            raise ValueError(f"log_prob_form must be one of {LOG_PROB_FORMS}, got {log_prob_form!r}")
         self.max_batch, self.store_mean, self.reduce = max_batch, store_mean, reduce
+        self.log_prob_form = log_prob_form
         self.keep_record = keep_record
         self.sig = [float(s) for s in plan.sigmas.to(torch.float32)]
         self.nfe = NFECounter()
@@ -218,7 +222,7 @@ class _Run:
         m = cols["prompt"].shape[0]
         if m == 0:  # DanceGRPO: no root trains this step
             return x_next
-        cols["log_prob"] = log_prob(cols["next_state"], mean_rows, std_rows, self.reduce)
+        cols["log_prob"] = log_prob(cols["next_state"], mean_rows, std_rows, self.reduce, self.log_prob_form)
         full = lambda value, dt: torch.full((m,), value, dtype=dt, device=self.device)  # noqa: E731
         cols.update(
             sigma=full(sigma, torch.float32),
@@ -311,6 +315,7 @@ class _Run:
         return Trajectory(
             sigmas=self.plan.sigmas.clone(),
             reduce=self.reduce,
+            log_prob_form=self.log_prob_form,
             cond_index=self.cond[cols["prompt"]],
             leaf_state=final,
             leaf_prompt=prompt,
@@ -352,19 +357,21 @@ def rollout(
     max_batch: int | None = None,
     store_mean: bool = False,
     reduce: str = "mean",
+    log_prob_form: str = "gaussian",
     nfe: NFECounter | None = None,
     transitions: bool = True,
 ) -> Trajectory:
     """Run ``plan`` for prompts ``prompt_ids`` [P] (their global indices: a seed part) and return the
     trajectory record. ``velocity(x [N, *latent], sigma [N] float32, cond_index [N] long)`` gets
     ``cond_index[p]`` (default p) for rows of prompt p. ``dtype`` is the storage dtype of states;
-    ``store_mean`` keeps μ_old per trained transition; ``nfe`` (optional) accumulates forwards.
+    ``store_mean`` keeps μ_old per trained transition; ``nfe`` (optional) accumulates forwards; ``reduce`` and
+    ``log_prob_form`` say how the stored log-probs are scored (``samplers.kernels.log_prob``).
     ``transitions=False`` stores no transitions (M = 0) but the same leaves, tree and draws: what a
     learner that trains on the clean samples alone needs (forward-process learners)."""
     run, roots, final = _run(
         velocity, plan, transitions, nfe, prompt_ids=prompt_ids, latent_shape=latent_shape, seed=seed,
         iteration=iteration, cond_index=cond_index, dtype=dtype, device=device,
-        max_batch=max_batch, store_mean=store_mean, reduce=reduce,
+        max_batch=max_batch, store_mean=store_mean, reduce=reduce, log_prob_form=log_prob_form,
     )
     return run.records(roots, final)
 

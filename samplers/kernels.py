@@ -19,7 +19,9 @@ How the arithmetic is arranged (and why):
 
 ``log_prob`` is the one Gaussian log-density used by the rollout and by the training recompute:
 reduce_D[−(x' − μ)²/(2s²) − log s − ½·log 2π] with reduce = mean (default, as every public repo) or
-sum (the true density). ``transition`` is the ddpo-style step that either draws x' (given noise) or
+sum (the true density); ``form="squared_error"`` scores −reduce_D[(x' − μ)²] instead, without 1/(2s²) and the
+constants, as Flow-GRPO's code scores its CPS steps (their ratios differ from the Gaussian's by the factor 2s² in
+the exponent, so a clip range binds where that code's does; docs/math.md §1). ``transition`` is the ddpo-style step that either draws x' (given noise) or
 scores a given x', and refuses both at once; it rounds a drawn x' through its storage dtype before
 scoring it (the ratio == 1 contract).
 """
@@ -36,6 +38,8 @@ KERNEL_NAMES = ("ode", "flow_sde", "dance_sde", "cps", "sage_sde")
 DEFAULT_ETA = {"ode": 0.0, "flow_sde": 0.7, "dance_sde": 0.3, "cps": 0.8, "sage_sde": 0.5}
 SAGE_SIGMA_CAP = 1.0 - 3e-3  # sage_sde evaluates ln(1 − σ) at min(σ, 1 − 3e-3)
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+# the log-prob's form: the Gaussian log-density, or Flow-GRPO's CPS score −(x' − μ)² (no 1/(2s²), no constants)
+LOG_PROB_FORMS = ("gaussian", "squared_error")
 
 Scalar = float | int | torch.Tensor
 
@@ -203,12 +207,15 @@ def get_kernel(name: str) -> Callable:
         raise ValueError(f"unknown kernel {name!r}; use one of {KERNEL_NAMES}") from None
 
 
-def log_prob(x_next: torch.Tensor, mean: torch.Tensor, std: Scalar, reduce: str = "mean"):
+def log_prob(x_next: torch.Tensor, mean: torch.Tensor, std: Scalar, reduce: str = "mean", form: str = "gaussian"):
     """Per-sample Gaussian log-density [N] of x_next under N(mean, std²), reduced over all non-batch
     dims: ``"mean"`` = mean over the D latent elements (the public repos' convention, clip ranges
-    ~1e-4), ``"sum"`` = the true density. Math in float32 (float64 stays float64)."""
+    ~1e-4), ``"sum"`` = the true density. ``form="squared_error"``: −reduce_D[(x' − μ)²] (Flow-GRPO's CPS
+    score; std must still be > 0: only stochastic steps are scored). Math in float32 (float64 stays float64)."""
     if reduce not in ("mean", "sum"):
         raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}")
+    if form not in LOG_PROB_FORMS:
+        raise ValueError(f"log-prob form must be one of {LOG_PROB_FORMS}, got {form!r}")
     if x_next.shape != mean.shape:
         raise ValueError(f"x_next {tuple(x_next.shape)} and mean {tuple(mean.shape)} differ in shape")
     dtype = compute_dtype(mean.dtype)
@@ -222,6 +229,8 @@ def log_prob(x_next: torch.Tensor, mean: torch.Tensor, std: Scalar, reduce: str 
     var = std64.to(dtype).square()
     log_std = torch.log(std64).to(dtype)  # float64 log, then cast: identical for any batch size
     sq = (x_next.to(dtype) - mean.to(dtype)).square().flatten(1).sum(1)
+    if form == "squared_error":
+        return -sq / d if reduce == "mean" else -sq
     if reduce == "mean":
         return -sq / (2.0 * var) / d - log_std - HALF_LOG_2PI
     return -sq / (2.0 * var) - d * log_std - d * HALF_LOG_2PI
@@ -248,6 +257,7 @@ def transition(
     noise: torch.Tensor | None = None,
     next_state: torch.Tensor | None = None,
     reduce: str = "mean",
+    form: str = "gaussian",
 ) -> Transition:
     """Draw x' = μ + s·noise (pass ``noise``) or score a given x' (pass ``next_state``), never both.
 
@@ -267,13 +277,14 @@ def transition(
         if noise.shape != mean.shape:
             raise ValueError(f"noise {tuple(noise.shape)} must match x {tuple(mean.shape)}")
         next_state = (mean + column(std, mean) * noise.to(mean.dtype)).to(x.dtype)
-    return Transition(next_state, log_prob(next_state, mean, std, reduce), mean, std)
+    return Transition(next_state, log_prob(next_state, mean, std, reduce, form), mean, std)
 
 
 __all__ = [
     "DEFAULT_ETA",
     "KERNELS",
     "KERNEL_NAMES",
+    "LOG_PROB_FORMS",
     "SAGE_SIGMA_CAP",
     "Transition",
     "affine",

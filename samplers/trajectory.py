@@ -101,6 +101,7 @@ class Trajectory:
     prompt_cond: torch.Tensor  # [P] int64, conditioning row of each prompt
     groups_per_prompt: int
     nfe: dict  # category -> per-sample forwards of this rollout
+    log_prob_form: str = "gaussian"  # samplers.kernels.LOG_PROB_FORMS: how log_prob was scored
 
     @property
     def num_transitions(self) -> int:
@@ -199,7 +200,7 @@ def score_transitions(
             x[sel], v[sel], sigma[sel], record.sigma_next[rows][sel], record.eta[rows][sel]
         )
         mean[sel] = mu
-        lp[sel] = log_prob(record.next_state[rows][sel], mu, std, reduce or record.reduce)
+        lp[sel] = log_prob(record.next_state[rows][sel], mu, std, reduce or record.reduce, record.log_prob_form)
     return lp, mean
 
 

@@ -10,6 +10,8 @@
   flowgrpo plan          GPU memory per process of training a model (weights, gradients, optimizer, weight
                          copies, frozen encoders, rollout latents, activations) and the largest group and
                          micro-batch that fit, from the architecture alone (docs/memory.md)
+  flowgrpo config        the fully resolved configuration of a run as YAML (the method's whole sampler plan
+                         included), each key with the layer that set it: what will run, before GPU time is spent
 
 Run ``flowgrpo <command> --help`` for the options.
 """
@@ -260,6 +262,76 @@ _EPILOG = """training (not a flowgrpo command):
 config keys: flowgrpo/config.py; bad input and its messages: docs/errors.md"""
 
 
+def _yaml_value(value) -> str:
+    import yaml
+
+    text = yaml.safe_dump(list(value) if isinstance(value, tuple) else value, default_flow_style=True, width=10**6,
+                          allow_unicode=True).strip()
+    return text.removesuffix("\n...").removesuffix(" ...").strip()
+
+
+def render_config(resolved) -> str:
+    """The resolved config as YAML, each leaf followed by ``# <layer>`` (flowgrpo.config.Resolved.provenance);
+    ``sampling.plan`` and ``sampling.window`` are the method's whole plan and window (flowgrpo.config.resolved_plan)."""
+    import yaml
+
+    from flowgrpo.config import resolved_plan, to_yaml
+
+    tree = yaml.safe_load(to_yaml(resolved.config))
+    plan, window = resolved_plan(resolved.config)
+    tree["sampling"]["plan"] = plan
+    tree["sampling"]["window"] = window or {}
+    lines: list[tuple[str, str]] = []
+
+    def walk(node: dict, prefix: str, indent: int) -> None:
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if isinstance(value, dict) and value:
+                lines.append((" " * indent + f"{key}:", ""))
+                walk(value, dotted + ".", indent + 2)
+            else:
+                lines.append((" " * indent + f"{key}: {_yaml_value(value)}", resolved.provenance.get(dotted, "")))
+
+    walk(tree, "", 0)
+    width = min(64, max(len(text) for text, _ in lines) + 2)
+    head = ["# the layers, first to last (a later one wins), and the plan's builders:", "#   schema default"]
+    head += [f"#   {name}" + (f" [{_short_path(where)}]" if where else "") for name, where in resolved.layers]
+    head += ["#   method plan, plan builder default (sampling.plan / sampling.window: the method's whole plan)"]
+    body = [text if not origin else f"{text:<{width}}# {origin}" if len(text) < width else f"{text}  # {origin}"
+            for text, origin in lines]
+    return "\n".join(head + body) + "\n"
+
+
+def _short_path(where: str) -> str:
+    from flowgrpo.run.paths import configs_dir
+
+    return where.replace(str(configs_dir().parent) + "/", "")
+
+
+def cmd_config(args) -> int:
+    from flowgrpo.config import is_real_model, resolve
+    from flowgrpo.models.config import _VIDEO_FAMILIES
+    from flowgrpo.run.errors import ConfigError
+
+    default = "default_t2v" if args.t2v else "default"
+    if args.model and not args.t2v:
+        from omegaconf import OmegaConf
+
+        from flowgrpo.config import _resolve_yaml
+
+        family = OmegaConf.load(_resolve_yaml(args.model, "models")).get("family")
+        default = "default_t2v" if family in _VIDEO_FAMILIES else default
+    for item in args.overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. train.iterations=10)")
+    resolved = resolve(args.preset, args.model, list(args.overrides), base=args.config, default=default)
+    world = "a real model: the preset's paper recipe applies" if is_real_model(args.model) else \
+        "the tiny world: its CPU settings apply, the recipes do not"
+    print(f"# {default}.yaml, {world} (docs/presets.md)")
+    print(render_config(resolved), end="")
+    return 0
+
+
 def cmd_gallery(argv: list[str]) -> int:
     from gallery.cli import main as gallery_main
 
@@ -270,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__.split("\n\nRun ")[0], epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{eval,gallery,pretrain-toy,pretrain-toy-video,plan}")
+                                metavar="{eval,gallery,pretrain-toy,pretrain-toy-video,plan,config}")
 
     ev = sub.add_parser("eval", help="score a model or checkpoint on a prompt set with a reward")
     ev.add_argument("--model", default="tiny_sd3", help="model config: a YAML file or a name in configs/models (default tiny_sd3)")
@@ -339,6 +411,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the training forward is the CFG pair (learner.train_guidance=cfg): two passes a sample")
     pl.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     pl.set_defaults(func=cmd_plan)
+
+    co = sub.add_parser("config", help="the fully resolved configuration of a run as YAML, each key with the layer "
+                        "that set it (schema default, embedded default, tiny block, preset method, model config, "
+                        "recipe, recipe_by_reward, recipe_by_family, override)")
+    co.add_argument("--preset", help="a method preset: a name in configs/presets or a YAML file")
+    co.add_argument("--model", help="a model config: a name in configs/models or a YAML file (none: the tiny world)")
+    co.add_argument("--config", help="a full config YAML merged before the preset (as train_t2i.py --config)")
+    co.add_argument("--t2v", action="store_true", help="the text-to-video default (train_t2v.py's); automatic for a "
+                    "video model config")
+    co.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
+    co.add_argument("overrides", nargs="*", help="key=value overrides, as on the training command line")
+    co.set_defaults(func=cmd_config)
     return parser
 
 

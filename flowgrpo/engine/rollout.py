@@ -69,7 +69,7 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
                 policy.velocity_fn(cond, sampling.guidance_scale), plan, prompt_ids=slots,
                 latent_shape=model.latent_shape(), seed=cfg.train.seed, iteration=iteration, dtype=model.dtype,
                 device=model.device, max_batch=sampling.max_batch, store_mean=learner.store_mean,
-                reduce=sampling.reduce, nfe=policy.nfe, transitions=learner.needs_transitions,
+                reduce=sampling.reduce, log_prob_form=sampling.log_prob, nfe=policy.nfe, transitions=learner.needs_transitions,
             )
         if not bool(torch.isfinite(record.leaf_state).all()):
             raise RuntimeError(

@@ -33,7 +33,7 @@ from flowgrpo.likelihood.build import (
 )
 from flowgrpo.likelihood.fused import fused_terms
 from flowgrpo.likelihood.terms import TransitionTerms, kernel_mean, reference_terms, transition_coefficients
-from samplers.kernels import per_sample
+from samplers.kernels import LOG_PROB_FORMS, per_sample
 
 
 def transition_terms(
@@ -51,6 +51,7 @@ def transition_terms(
     reduce: str = "mean",
     return_mean: bool = False,
     backend: str | None = None,
+    form: str = "gaussian",
 ) -> TransitionTerms:
     """log-prob (and GRPO-Guard, exact log-ratio, KL terms) of transitions x → x' under μ = a·x + b·v.
 
@@ -59,10 +60,17 @@ def transition_terms(
     The old policy's mean is given either as ``mu_old`` or as its velocity ``v_old``
     (μ_old = a·x + b·v_old, bit-identical to the stored mean, half the bytes for bf16 models); the
     reference policy's likewise (``mu_ref`` / ``v_ref``). Gradients flow to every latent input
-    (the learner needs v; x where the state itself is differentiated). ``backend``: see module doc.
+    (the learner needs v; x where the state itself is differentiated). ``backend``: see module doc. ``form``: the
+    log-prob's form (samplers.kernels.LOG_PROB_FORMS); "squared_error" (Flow-GRPO's CPS score) runs on the reference
+    backend, the fused op scoring the Gaussian form only.
     """
     if reduce not in ("mean", "sum"):
         raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}")
+    if form not in LOG_PROB_FORMS:
+        raise ValueError(f"form must be one of {LOG_PROB_FORMS}, got {form!r}")
+    if form != "gaussian" and backend == "fused":
+        raise ValueError(f"the fused likelihood op scores the Gaussian log-prob only; sampling.log_prob={form} runs on "
+                         "loss.likelihood_backend=reference (or auto)")
     if mu_old is not None and v_old is not None:
         raise ValueError("pass the old policy as mu_old (its mean) or v_old (its velocity), not both")
     if mu_ref is not None and v_ref is not None:
@@ -78,7 +86,7 @@ def transition_terms(
     old = mu_old if mu_old is not None else v_old
     ref = mu_ref if mu_ref is not None else v_ref
     old_is_velocity, ref_is_velocity = v_old is not None, v_ref is not None
-    chosen = resolve_backend(backend, x.device)
+    chosen = resolve_backend(backend, x.device) if form == "gaussian" else "reference"
     # the reference's log_prob and the CPU op check std > 0 themselves; the CUDA op cannot cheaply
     if chosen == "fused" and x.device.type != "cpu" and not torch.compiler.is_compiling():
         if n and bool((std <= 0).any()):
@@ -88,7 +96,7 @@ def transition_terms(
             )
     if chosen == "reference":
         return reference_terms(x, v, x_next, a, b, std, old, old_is_velocity, ref, ref_is_velocity,
-                               reduce, return_mean)
+                               reduce, return_mean, form)
     mean, lp, guard, ratio, kl = fused_terms(x, v, x_next, a, b, std, old, ref, old_is_velocity, ref_is_velocity,
                                              reduce, return_mean)
     return TransitionTerms(

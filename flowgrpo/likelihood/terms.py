@@ -61,11 +61,14 @@ def kernel_mean(x: torch.Tensor, v: torch.Tensor, a, b) -> torch.Tensor:
     return affine(x, v, a, b, compute_dtype(x.dtype))
 
 
-def reference_terms(x, v, x_next, a, b, std, old, old_is_velocity, ref, ref_is_velocity, reduce, return_mean):
-    """The specification: samplers' kernel-mean arithmetic and log_prob, docs/math.md §3 in PyTorch."""
+def reference_terms(x, v, x_next, a, b, std, old, old_is_velocity, ref, ref_is_velocity, reduce, return_mean,
+                    form="gaussian"):
+    """The specification: samplers' kernel-mean arithmetic and log_prob, docs/math.md §3 in PyTorch. With
+    ``form="squared_error"`` (Flow-GRPO's CPS score) the log-prob and the exact log-ratio drop the 1/(2s²); the
+    guard and the KL keep the step's s."""
     dtype = compute_dtype(x.dtype)
     mean = affine(x, v, a, b, dtype)
-    lp = log_prob(x_next, mean, std, reduce)
+    lp = log_prob(x_next, mean, std, reduce, form)
 
     def reduce_d(t):
         flat = t.flatten(1)
@@ -78,7 +81,8 @@ def reference_terms(x, v, x_next, a, b, std, old, old_is_velocity, ref, ref_is_v
         e_old = x_next.to(dtype) - mu_old
         delta = mean - mu_old
         guard = reduce_d(e_old / s * delta)  # ε_s·δ, docs/math.md §3 GRPO-Guard
-        ratio = reduce_d((2.0 * e_old - delta) * delta) / (2.0 * std.to(dtype).square())
+        ratio = reduce_d((2.0 * e_old - delta) * delta)
+        ratio = ratio if form == "squared_error" else ratio / (2.0 * std.to(dtype).square())
     if ref is not None:
         mu_ref = affine(x, ref, a, b, dtype) if ref_is_velocity else ref.to(dtype)
         kl = reduce_d((mean - mu_ref).square()) / (2.0 * std.to(dtype).square())

@@ -166,3 +166,57 @@ def test_second_half_level_by_hand():
         second_half_level(evaluations[:1])
     late_start = [{"iteration": 60, "scores": [0.0, 0.5, 1.0]}, {"iteration": 100, "scores": [0.0, 1.0, 1.0]}]
     assert second_half_level(late_start)["evaluations"] == 1  # the start (iteration 60 ≥ 50) is not its own level
+
+
+def _config_lines(capsys, argv) -> list[str]:
+    assert main(["config", *argv]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_config_prints_the_resolved_run_with_the_layer_of_every_key(capsys):
+    """`flowgrpo config` is the resolution the run uses (flowgrpo.config.resolve): its YAML, comments stripped, is the
+    resolved config with the method's whole plan; each key names the layer that set it last."""
+    import yaml
+
+    from flowgrpo.config import resolve, resolved_plan, to_yaml
+
+    argv = ["--preset", "flow_grpo", "--model", "sd3_5_medium", "rewards=[{name: pickscore}]", "train.iterations=7"]
+    lines = _config_lines(capsys, argv)
+    body = [line for line in lines if not line.startswith("#")]
+    shown = yaml.safe_load("\n".join(line.split("  # ")[0].split("# ")[0] if "# " in line else line for line in body))
+    resolved = resolve("flow_grpo", "sd3_5_medium", ["rewards=[{name: pickscore}]", "train.iterations=7"])
+    want = yaml.safe_load(to_yaml(resolved.config))
+    plan, window = resolved_plan(resolved.config)
+    want["sampling"]["plan"], want["sampling"]["window"] = plan, window or {}
+    assert shown == json.loads(json.dumps(want))  # tuples as the YAML lists they print as
+    comment = _comments(body)
+    assert comment["train.iterations"] == "override [command line]"
+    assert comment["loss.kl_coef"] == "recipe_by_reward [configs/presets/flow_grpo.yaml (recipe_by_reward.pickscore:)]"
+    assert comment["model.max_sequence_length"].startswith("recipe_by_family [configs/presets/flow_grpo.yaml")
+    assert comment["model.lora_rank"] == "model config [configs/models/sd3_5_medium.yaml]"
+    assert comment["sampling.plan.train_fraction"].startswith("method plan")
+    assert comment["sampling.plan.branch_factor"].startswith("plan builder")
+    assert comment["train.grad_clip"] == "schema default" and comment == resolved.provenance
+    tiny = _comments([line for line in _config_lines(capsys, ["--preset", "flow_grpo"]) if not line.startswith("#")])
+    assert tiny["train.learning_rate"] == "tiny block [configs/default.yaml (tiny:)]"
+    assert not any("recipe" in origin for origin in tiny.values())  # the tiny world never takes a recipe
+
+
+def _comments(body: list[str]) -> dict[str, str]:
+    """{dotted key: its comment} of the printed YAML (nesting read from the indentation)."""
+    out, path = {}, []
+    for line in body:
+        depth = (len(line) - len(line.lstrip())) // 2
+        key = line.strip().split(":")[0]
+        path = path[:depth] + [key]
+        if "# " in line:
+            out[".".join(path)] = line.split("# ", 1)[1]
+    return out
+
+
+def test_config_refuses_bad_input_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["config", "--preset", "flow_grpo", "loss.clip_range=-1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["flowgrpo config: error: loss.clip_range=-1.0 is not allowed; use a number > 0"]

@@ -50,6 +50,7 @@ def test_every_key_declares_its_rule():
     ("sampling.plan.sa_tau_window=[0.9,0.3]", r"sampling.plan.sa_tau_window=\[0.9, 0.3\] is not allowed; use two numbers \[lo, hi\]"),
     ("sampling.plan.sa_predictor_order=3", r"sampling.plan.sa_predictor_order=3 is not allowed; use one of \[1, 2\]"),
     ("sampling.plan.grid_ends=awn", r"sampling.plan.grid_ends='awn' is not allowed; use one of \['exact', 'awm'\]"),
+    ("sampling.log_prob=laplace", r"sampling.log_prob='laplace' is not allowed; use one of \['gaussian', 'squared_error'\]"),
 ])
 def test_a_value_outside_its_rule_is_one_line_naming_key_value_and_allowed(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -76,6 +77,18 @@ def test_the_plan_keys_that_choose_a_solver_follow_the_samplers():
         load_config(None, None, noisy)
     load_config(None, None, noisy[:-1])  # noise-free SA-Solver steps are ODE steps like any other
     load_config("awm", None, noisy[1:])  # a forward-process learner takes the noise
+
+
+def test_the_squared_error_log_prob_is_refused_with_the_fused_op_naming_the_backend():
+    import samplers
+
+    from flowgrpo.config import SamplingConfig
+
+    assert [f for f in ("gaussian", "squared_error", "x") if SamplingConfig.RULES["log_prob"].ok(f)] == list(
+        samplers.kernels.LOG_PROB_FORMS)
+    with pytest.raises(ConfigError, match=r"^sampling.log_prob=squared_error .*set loss.likelihood_backend=reference"):
+        load_config("flow_grpo", None, ["sampling.log_prob=squared_error", "loss.likelihood_backend=fused"])
+    assert load_config("flow_grpo", None, ["sampling.log_prob=squared_error"]).sampling.log_prob == "squared_error"
 
 
 def test_the_defaults_and_every_preset_pass_their_rules():

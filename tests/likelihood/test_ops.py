@@ -549,3 +549,26 @@ def test_cuda_matches_the_reference(kernel, dtype):
     cpu = {k: t.cpu() for k, t in case.items()}
     c, _ = run(cpu, "fused")
     torch.testing.assert_close(c.log_prob, f.log_prob.cpu(), rtol=2.5e-7, atol=0)
+
+
+def test_squared_error_form_drops_the_variance_from_log_prob_and_log_ratio_only():
+    """Flow-GRPO's CPS score: log-prob and exact log-ratio without 1/(2s²) (lp_θ − lp_old exactly, 0 at the old
+    policy), guard and KL with the step's s as in the Gaussian form; the fused op is refused by name."""
+    g = torch.Generator().manual_seed(11)
+    x, v, v_old, v_ref = (torch.randn(3, 2, 4, 4, generator=g) for _ in range(4))
+    a, b, std = ops.transition_coefficients("cps", 0.6, 0.5, 0.8, n=3)
+    mu_old, _ = get_kernel("cps")(x, v_old, 0.6, 0.5, 0.8)
+    x_next = mu_old + std.float().view(-1, 1, 1, 1) * torch.randn(x.shape, generator=g)
+    gauss = ops.transition_terms(x, v, x_next, a, b, std, mu_old=mu_old, v_ref=v_ref, backend="reference")
+    sq = ops.transition_terms(x, v, x_next, a, b, std, mu_old=mu_old, v_ref=v_ref, backend="reference",
+                                     form="squared_error")
+    mean, _ = get_kernel("cps")(x, v, 0.6, 0.5, 0.8)
+    expected = -(x_next.double() - mean.double()).square().flatten(1).mean(1)
+    torch.testing.assert_close(sq.log_prob.double(), expected, rtol=8 * torch.finfo(torch.float32).eps, atol=0)
+    old_lp = -(x_next.double() - mu_old.double()).square().flatten(1).mean(1)
+    assert_close_ulps(sq.log_ratio.double(), expected - old_lp, ulps=64, dtype=torch.float32)
+    assert torch.equal(sq.guard, gauss.guard) and torch.equal(sq.kl, gauss.kl)
+    at_old = ops.transition_terms(x, v_old, x_next, a, b, std, mu_old=mu_old, form="squared_error")
+    assert bool((at_old.log_ratio == 0).all())
+    with pytest.raises(ValueError, match="likelihood_backend=reference"):
+        ops.transition_terms(x, v, x_next, a, b, std, backend="fused", form="squared_error")

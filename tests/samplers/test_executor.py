@@ -126,6 +126,10 @@ def test_log_prob_reduction_and_optional_mean():
     assert mean_red.mean is None and mean_red.reduce == "mean"
     torch.testing.assert_close(sum_red.log_prob, 12 * mean_red.log_prob)
     assert torch.equal(score_transitions(velocity, sum_red)[0], sum_red.log_prob)
+    squared = rollout(velocity, plan, prompt_ids=[1], latent_shape=(2, 3, 2), seed=0, log_prob_form="squared_error")
+    assert squared.log_prob_form == "squared_error" and torch.equal(squared.next_state, mean_red.next_state)
+    assert torch.equal(score_transitions(velocity, squared)[0], squared.log_prob)  # ratio == 1 in that form too
+    assert not torch.equal(squared.log_prob, mean_red.log_prob)
 
 
 def test_rollouts_are_pure_functions_of_the_seed_parts():

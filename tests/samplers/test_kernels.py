@@ -185,3 +185,22 @@ def test_sage_variance_is_the_integral_of_flow_sde_diffusion():
         flow_std = kernel_coefficients("flow_sde", sigma, sigma_next, 0.7)[2]
         torch.testing.assert_close(sage_std.square(), 0.49 * integral.view(1), rtol=1e-8, atol=0)
         assert sage_std < flow_std
+
+
+@pytest.mark.parametrize("reduce", ["mean", "sum"])
+def test_squared_error_form_is_flow_grpos_cps_score(reduce):
+    """form="squared_error": −reduce_D (x' − μ)², no 1/(2s²) and no constants (Flow-GRPO's CPS code); a ratio of two
+    such scores is the Gaussian ratio with the exponent scaled by 2s²."""
+    x, v = _inputs((3, 2, 4, 4), torch.float32, seed=8)
+    mean, std = get_kernel("cps")(x, v, GRID[3], GRID[4], 0.8)
+    x_next = mean + std.view(-1, 1, 1, 1) * torch.randn(mean.shape, generator=torch.Generator().manual_seed(9))
+    diff = (x_next.double() - mean.double()).square().flatten(1)
+    expected = -(diff.mean(1) if reduce == "mean" else diff.sum(1))
+    got = log_prob(x_next, mean, std, reduce, form="squared_error")
+    torch.testing.assert_close(got.double(), expected, rtol=4 * torch.finfo(torch.float32).eps, atol=0)
+    other = mean + 0.01 * v  # another policy's mean
+    gaussian = log_prob(x_next, mean, std, reduce) - log_prob(x_next, other, std, reduce)
+    squared = log_prob(x_next, mean, std, reduce, "squared_error") - log_prob(x_next, other, std, reduce, "squared_error")
+    torch.testing.assert_close(squared.double(), (gaussian * 2 * std.square()).double(), rtol=1e-4, atol=0)
+    with pytest.raises(ValueError, match="form"):
+        log_prob(x_next, mean, std, reduce, form="laplace")

@@ -191,7 +191,7 @@ class TransitionLearner(Learner):
             extra_kl = anchor_v is not None or cfg.loss.rollout_kl_coef > 0
             terms = likelihood.transition_terms(
                 x, v, rec.next_state[r], a, bv, std, mu_old=mean_old, v_ref=ref_v, reduce=cfg.sampling.reduce,
-                return_mean=extra_kl, backend=cfg.loss.likelihood_backend,
+                return_mean=extra_kl, backend=cfg.loss.likelihood_backend, form=cfg.sampling.log_prob,
             )
             log_ratio_plain = terms.log_prob - rec.log_prob[r].to(terms.log_prob)
             if cfg.loss.ratio == "guard":
