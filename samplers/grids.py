@@ -7,7 +7,8 @@ trajectory record cast it to float32 once, and those float32 values are the σ t
 kernels use (the record stores them, so the training recompute uses the very same numbers).
 
 ``flash_grid`` is MixGRPO-Flash's grid: the original points up to the end of the SDE window, then
-the remaining stretch re-gridded with ⌈(T − l − w)·r̃⌉ steps, linear in the unshifted time.
+the remaining stretch re-gridded linear in the unshifted time with n = int((T − l − w + 1)·r̃) points, both
+ends counted (n − 1 steps), as Tencent-Hunyuan/MixGRPO's ``run_sample_step`` builds it.
 
 Seeds (docs/design.md, contract 5): every random draw of a rollout comes from its own ``torch.Generator``
 seeded by ``derive_seed(stream, run_seed, iteration, prompt_id, node_id)``: the parts are folded
@@ -19,8 +20,6 @@ evaluation of a run starts from the same noise, and a sample's seed is written b
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -123,21 +122,33 @@ def terminal_stretch(sigmas: torch.Tensor, terminal: float | None):
     return stretch
 
 
-def flash_steps(num_steps: int, window_end: int, ratio: float) -> int:
-    """Number of steps of MixGRPO-Flash's grid: l + w + ⌈(T − l − w)·r̃⌉ (window_end = l + w)."""
+def flash_tail_points(num_steps: int, window_end: int, ratio: float) -> int:
+    """Points of MixGRPO-Flash's re-gridded tail, both ends counted: int(max((T − window_end + 1)·r̃, 1)), the official
+    code's ``num_post_steps`` (fastvideo/utils/sampling_utils.py, run_sample_step: the float product of
+    ``sigma_schedule.size(0) − 1 − last_false_index`` = T − (l + w − 1) and the ratio, truncated). Where that is 1 the
+    official rollout stops at σ_{l+w} without reaching σ = 0 (a window ending late: (T − l − w + 1)·r̃ < 2); flowgrpo
+    takes 2 there (one step to σ = 0) so that every rollout ends at the data. 0 when the window reaches the end."""
     if not 0 < ratio <= 1:
         raise ValueError(f"post-window compress ratio must be in (0, 1], got {ratio}")
     if not 0 <= window_end <= num_steps:
         raise ValueError(f"window end {window_end} must lie in [0, {num_steps}]")
-    tail = num_steps - window_end
-    # the small epsilon keeps ⌈·⌉ from rounding an exact product like 15·0.4 = 6.000000000000001 up
-    return window_end + (math.ceil(tail * ratio - 1e-9) if tail else 0)
+    if window_end == num_steps:
+        return 0
+    return max(int(max((num_steps - window_end + 1) * ratio, 1)), 2)
+
+
+def flash_steps(num_steps: int, window_end: int, ratio: float) -> int:
+    """Number of steps of MixGRPO-Flash's grid: l + w + n − 1 with n = ``flash_tail_points`` (window_end = l + w):
+    T = 25, w = 4, l = 0 gives 4 + 8 − 1 = 11 at r̃ = 0.4 and 4 + 4 − 1 = 7 at r̃ = 0.2."""
+    points = flash_tail_points(num_steps, window_end, ratio)
+    return window_end + (points - 1 if points else 0)
 
 
 def flash_grid(num_steps: int, shift: float, window_end: int, ratio: float, terminal: float | None = None) -> torch.Tensor:
     """MixGRPO-Flash σ grid [flash_steps + 1] float64: original points up to ``window_end``, then the
-    rest of the way to σ = 0 re-gridded with ⌈(T − window_end)·ratio⌉ steps, linear in unshifted t (with
-    ``terminal``, every point goes through the stretch of the original T-step grid)."""
+    rest of the way to σ = 0 re-gridded with ``flash_tail_points`` points (the first is σ_{window_end}), linear in the
+    unshifted t from 1 − window_end/T to 0 and shifted (with ``terminal``, every point goes through the stretch of the
+    original T-step grid)."""
     total = flash_steps(num_steps, window_end, ratio)
     stretch = terminal_stretch(time_grid(num_steps, shift), terminal)
     head = time_grid(num_steps, shift, terminal)[: window_end + 1]
@@ -160,6 +171,7 @@ __all__ = [
     "finish_seed",
     "flash_grid",
     "flash_steps",
+    "flash_tail_points",
     "make_generator",
     "seed_prefix",
     "shift_sigmas",

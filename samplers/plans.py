@@ -251,8 +251,10 @@ def compose_plan(
       makes an all-ODE trunk (TempFlow).
     - ``window=(l, w)``: SDE only on steps l..l+w−1 (and on split steps); ODE with ``solver``
       elsewhere. ``None``: SDE everywhere.
-    - ``post_window_ratio`` r̃: MixGRPO-Flash; the steps after the window are re-gridded to
-      ⌈(T − l − w)·r̃⌉ steps solved with ``post_window_solver``. Steps before it keep the grid.
+    - ``post_window_ratio`` r̃: MixGRPO-Flash; the stretch after the window is re-gridded with
+      int((T − l − w + 1)·r̃) points, both ends counted (at least 2: one step to σ = 0), solved with
+      ``post_window_solver`` (``grids.flash_tail_points``; T = 25, l = 0, w = 4: 11 steps at r̃ = 0.4, 7 at 0.2).
+      Steps before it keep the grid.
     - ``train_fraction``: SDE steps i < ⌊T·f⌋ are trained, never the last step (its Gaussian is too
       sharp near σ' = 0; Flow-GRPO uses f = 0.99). ``train_subset_fraction`` (DanceGRPO): each root
       trains a random ⌊(T − 1)·f⌋ of them.

@@ -344,7 +344,10 @@ def shell_arguments(checkout: Checkout, script: str, marker: str) -> ShellComman
                 break
         assignment = re.match(r"^\s*(?:export\s+)?([A-Za-z_]\w*)=(\S*)\s*$", text)
         if assignment:
-            variables[assignment.group(1)] = (_substitute(assignment.group(2), variables).strip("\"'"), start + 1)
+            # an assignment from a variable the script never sets (a function's loop variable, $PYTHONPATH) stays
+            # unset: only a flag that uses it fails
+            with contextlib.suppress(ExtractionError):
+                variables[assignment.group(1)] = (_substitute(assignment.group(2), variables).strip("\"'"), start + 1)
             continue
         if marker in text:
             tokens = []
@@ -355,8 +358,18 @@ def shell_arguments(checkout: Checkout, script: str, marker: str) -> ShellComman
     if len(commands) != 1:
         raise ExtractionError(f"{script}: {len(commands)} commands contain {marker!r} (expected exactly one)")
     start, tokens = commands[0]
+    # a lone quote closing a string the command sits in (pdsh -w hosts "... torchrun ... script.py --flag ") is no token
+    tokens = [t for t in tokens if t[0] not in ('"', "'")]
+    # the command ends at a pipe, a list operator or a redirection (... --flag v 2>&1 | tee log): its output's route
+    ends = [i for i, (token, _) in enumerate(tokens) if re.match(r"^(\||&&|;|&|\d*[<>])", token)]
+    tokens = tokens[: ends[0]] if ends else tokens
     program, flags, k = [], {}, 0
-    while k < len(tokens) and not tokens[k][0].startswith("--"):
+    # the program: every token up to the marker where the marker is a token of its own (a launcher's flags, e.g.
+    # torchrun --nnodes N script.py, stay in it, unsubstituted), else the tokens before the first flag
+    marked = [i for i, (token, _) in enumerate(tokens) if token == marker]
+    if marked:
+        program, k = [token for token, _ in tokens[: marked[0] + 1]], marked[0] + 1
+    while k < len(tokens) and not tokens[k][0].startswith("--") and not marked:
         program.append(_substitute(tokens[k][0], variables))
         k += 1
     while k < len(tokens):

@@ -41,6 +41,8 @@ NONE_KINDS = {
     "unused": "set, but the training code never reads it for this launch",
     "implementation": "a feature flowgrpo does another way, with the same effect on the run (the reason says how)",
     "reward": "how a reward model is built or served (flowgrpo's reward plug-ins, docs/rewards.md)",
+    "unsupported": "a setting flowgrpo has no key for, so its run differs there (the reason says how, by how much, "
+                   "and the core change that would add it)",
 }
 
 
@@ -106,7 +108,8 @@ SAFE = {"int": int, "float": float, "round": round, "min": min, "max": max, "len
 
 
 def evaluate(expression: str, v, o: dict):
-    return eval(expression, {"__builtins__": {}}, {**SAFE, "v": v, "o": o})  # noqa: S307 (the project's own maps)
+    # the names as globals: a comprehension's own scope sees globals, not eval's locals
+    return eval(expression, {"__builtins__": {}, **SAFE, "v": v, "o": o})  # noqa: S307 (the project's own maps)
 
 
 @dataclass

@@ -96,13 +96,18 @@ def test_mixgrpo_window_at_the_end_never_trains_the_last_step():
     assert plan.counts()["trained"] == 2 * 3
 
 
+# (T, l, w, r̃, steps): the official MixGRPO-Flash grid keeps σ_0..σ_{l+w} and re-grids the rest with
+# int((T − l − w + 1)·r̃) points, both ends counted (Tencent-Hunyuan/MixGRPO run_sample_step's num_post_steps):
+# 11 steps for Flash and 7 for Flash* at l = 0; a tail of 1 point (no step to σ = 0 there) takes one step here
 @pytest.mark.parametrize(
-    "T,start,w,ratio", [(25, 0, 4, 0.4), (25, 9, 4, 0.4), (25, 0, 4, 0.2), (16, 5, 3, 0.3)]
+    "T,start,w,ratio,steps",
+    [(25, 0, 4, 0.4, 11), (25, 9, 4, 0.4, 17), (25, 0, 4, 0.2, 7), (16, 5, 3, 0.3, 9), (25, 17, 4, 0.4, 22),
+     (25, 18, 4, 0.4, 23)],
 )
-def test_flash_grid_has_l_plus_w_plus_compressed_tail_steps(T, start, w, ratio):
+def test_flash_grid_has_l_plus_w_plus_compressed_tail_steps(T, start, w, ratio, steps):
     G = 2
     plan = compose_plan(T, group_size=G, window=(start, w), post_window_ratio=ratio)
-    steps = start + w + math.ceil((T - start - w) * ratio)
+    assert steps == start + w + max(int((T - start - w + 1) * ratio), 2) - 1
     assert plan.num_steps == steps
     assert [s.solver for s in plan.steps[start + w :]] == ["dpmpp_2m"] * (steps - start - w)
     assert all(s.solver == "euler" for s in plan.steps[:start])  # never accelerate before the window

@@ -24,7 +24,7 @@ from samplers import (
     sample_ode,
     time_grid,
 )
-from samplers.grids import STREAM_INITIAL_NOISE, STREAM_STEP_NOISE
+from samplers.grids import STREAM_INITIAL_NOISE, STREAM_STEP_NOISE, flash_tail_points
 from samplers.kernels import flow_sde
 from tolerance import assert_close_ulps
 
@@ -63,16 +63,24 @@ def test_time_grid_is_the_shifted_linear_grid():
 
 
 @pytest.mark.parametrize(
-    "T,start,size,ratio",
-    [(25, 0, 4, 0.4), (25, 7, 4, 0.4), (25, 0, 4, 0.2), (20, 16, 4, 0.4), (10, 3, 2, 0.5)],
+    "T,start,size,ratio,expected_steps",
+    # the official tail has int((T − l − w + 1)·r̃) points, ends included: 25·(0, 4, 0.4) takes 4 + 8 − 1 = 11 steps,
+    # (0, 4, 0.2) 4 + 4 − 1 = 7; 15·0.4 = 6.000000000000001 stays 6 points; a window reaching T has no tail; a tail
+    # of one point (18 + 4 = 22: 4·0.4 = 1.6) gets one step to σ = 0 where the official rollout stops at σ_22
+    [(25, 0, 4, 0.4, 11), (25, 7, 4, 0.4, 16), (25, 0, 4, 0.2, 7), (20, 16, 4, 0.4, 20), (10, 3, 2, 0.5, 7),
+     (25, 18, 4, 0.4, 23), (29, 10, 4, 0.4, 19)],
 )
-def test_flash_grid_keeps_the_head_and_compresses_the_tail(T, start, size, ratio):
+def test_flash_grid_keeps_the_head_and_compresses_the_tail(T, start, size, ratio, expected_steps):
     end = start + size
     grid = flash_grid(T, 3.0, end, ratio)
-    expected_steps = end + math.ceil((T - end) * ratio) if T > end else end
+    points = flash_tail_points(T, end, ratio)
+    assert points == (0 if end == T else max(int((T - end + 1) * ratio), 2))
     assert flash_steps(T, end, ratio) == expected_steps == grid.numel() - 1
     assert torch.equal(grid[: end + 1], time_grid(T, 3.0)[: end + 1])
     assert grid[-1] == 0 and bool((grid[1:] < grid[:-1]).all())
+    if points:  # the tail: `points` σ's linear in the unshifted t from 1 − end/T to 0, shifted
+        t = torch.linspace(1 - end / T, 0, points, dtype=torch.float64)
+        assert_close_ulps(grid[end:], 3.0 * t / (1 + 2.0 * t), ulps=8)
 
 
 def test_euler_is_first_order_and_dpmpp_2m_second_order_on_an_interior_grid():
@@ -132,7 +140,7 @@ def test_sample_ode_keeps_storage_dtype_and_any_rank():
 def test_post_window_solver_starts_at_full_order_from_sde_history():
     """A Flash plan, replayed by hand from the documented seeds: the first DPM-Solver++(2M) step after
     the SDE window uses the x̂0 of the last SDE step. Without that history the result differs."""
-    plan = compose_plan(6, kernel="flow_sde", window=(1, 2), post_window_ratio=0.5)
+    plan = compose_plan(6, kernel="flow_sde", window=(1, 2), post_window_ratio=0.75)  # a tail of int(4·0.75) = 3 points
     assert [s.kernel for s in plan.steps] == ["ode", "flow_sde", "flow_sde", "ode", "ode"]
     record = rollout(gaussian_velocity, plan, prompt_ids=[7], latent_shape=(4,), seed=5, iteration=2)
     sig = plan.sigmas.to(torch.float32).tolist()

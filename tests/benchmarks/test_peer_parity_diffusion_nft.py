@@ -1,0 +1,84 @@
+"""benchmarks/parity/diffusion_nft.py: DiffusionNFT's own rollout (its pipeline with its dpm2 solver, on the grid its
+scheduler computes) against flowgrpo's ``diffusion_nft`` preset on the real-model recipe, step by step, when
+DIFFUSION_NFT_PATH names a checkout of NVlabs/DiffusionNFT (its code is loaded from there at run time; the project
+ships none of it)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(not os.environ.get("DIFFUSION_NFT_PATH"),
+                                 reason="set DIFFUSION_NFT_PATH to a checkout of NVlabs/DiffusionNFT")]
+
+
+@pytest.fixture(scope="module")
+def checkout():
+    pytest.importorskip("ml_collections",
+                        reason="DiffusionNFT's launch configs are ml_collections (pip install -e '.[official]')")
+    from official import Checkout
+
+    return Checkout.from_env("NVlabs/DiffusionNFT", "DIFFUSION_NFT_PATH")
+
+
+@pytest.fixture(scope="module")
+def reports(checkout):
+    from parity import diffusion_nft
+
+    return {r.method: r for r in diffusion_nft.run(checkout)}
+
+
+def test_every_diffusion_nft_rollout_equals_the_official_code_step_by_step(reports):
+    assert sorted(reports) == ["diffusion_nft rollout [geneval] (dpm2, 10 steps)",
+                               "diffusion_nft rollout [several] (dpm2, 25 steps)"]
+    bad = {name: [s for s in r.steps if not s.ok] for name, r in reports.items() if not r.ok}
+    assert not bad, bad
+    for r in reports.values():
+        print(r.line())
+        assert not any(any(s.stochastic) or any(s.trained) for s in r.steps)  # deterministic, nothing stored
+
+
+def test_the_grid_is_the_schedulers_own_down_to_0_0089(reports):
+    """The pipeline's sigmas=None: FlowMatchEulerDiscreteScheduler's spacing (shift 3), not the linear grid."""
+    import torch
+
+    from samplers.grids import time_grid
+
+    for name, steps in (("geneval", 10), ("several", 25)):
+        r = next(r for n, r in reports.items() if f"[{name}]" in n)
+        theirs = [s.sigma[1] for s in r.steps] + [r.steps[-1].sigma_next[1]]
+        assert theirs == time_grid(steps, 3.0, spacing="scheduler").to(torch.float32).tolist()
+        assert 0.0089 < theirs[-2] < 0.009 and theirs[0] == 1.0  # shift(shift(1/1000)), not the linear 1/T's
+
+
+def test_the_official_integer_timesteps_are_the_one_known_difference(reports):
+    """The official rollout calls the model at int(σ·1000) (map: code.rollout_timestep_dtype, unsupported): flowgrpo's
+    rollout as it runs (σ·1000 unrounded) is farther from it than float32 rounding, equal once floored."""
+    for r in reports.values():
+        assert r.unfloored_dx > 100 * max(s.tol_x for s in r.steps)
+        assert any("torch.long" in note for note in r.notes)
+
+
+@pytest.mark.parametrize("override, broken", [
+    ("sampling.plan.grid=linear", "sigma"),  # the linear grid: every interior σ differs
+    ("sampling.plan.solver=euler", "x"),  # the same grid, first-order steps: x' differs from the third step on
+])
+def test_a_changed_plan_is_caught(checkout, override, broken):
+    """Negative controls: the same comparison with one setting of flowgrpo's plan changed fails where it should."""
+    from parity import diffusion_nft
+
+    report = diffusion_nft.compare_rollout(checkout, diffusion_nft.load_official(checkout), "geneval", ["geneval"],
+                                           "sd3_geneval", extra=(override,))
+    assert not report.ok
+    wrong = [s for s in report.steps if not s.ok]
+    if broken == "sigma":
+        assert wrong[0].step == 0 and wrong[0].sigma_next[0] != wrong[0].sigma_next[1]
+    else:
+        assert all(s.sigma[0] == s.sigma[1] for s in report.steps)
+        # steps 0 and 1 are first order on both sides: at step 1 the previous σ is 1, whose λ is −∞ (the official
+        # dpm_step's D1 = (1/r0)·(m0 − m1) = 0, flowgrpo's dpmpp_2m falls back to first order)
+        assert report.steps[0].ok and report.steps[1].ok and wrong[0].step == 2

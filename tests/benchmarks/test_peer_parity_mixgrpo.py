@@ -1,0 +1,85 @@
+"""MixGRPO, MixGRPO-Flash and Flash* step by step against Tencent-Hunyuan/MixGRPO's sampler (benchmarks/parity/mixgrpo.py)
+on a tiny FLUX, where MIXGRPO_PATH names a checkout of it (the comparison imports that code at run time; the project
+ships none of it): the σ grid, which steps are stochastic and trained, x' at every step and the window steps'
+log-probs, within float32 ulps of the values, at several window positions of each preset. The positions where the
+official run differs (a window cut at T − 2, a Flash tail of one point) are shown to differ."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from official import Checkout  # noqa: E402
+from official.mixgrpo import ENV, REPOSITORY  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("one_thread"),
+              pytest.mark.skipif(not os.environ.get(ENV), reason=f"set {ENV} to a checkout of {REPOSITORY}")]
+
+
+@pytest.fixture(scope="module")
+def checkout():
+    return Checkout.from_env(REPOSITORY, ENV)
+
+
+@pytest.fixture(scope="module")
+def reports(checkout):
+    from parity import mixgrpo
+
+    return {r.method: r for r in mixgrpo.run(checkout)}
+
+
+def test_every_preset_follows_the_official_sampler_step_by_step(reports):
+    from parity import mixgrpo
+
+    assert len(reports) == sum(len(v) for v in mixgrpo.SETTINGS.values())
+    for report in reports.values():
+        bad = [s for s in report.steps if not s.ok]
+        assert report.ok, f"{report.method}: {len(bad)} steps differ, first {bad[:1]}; {report.notes}"
+        assert any(s.trained[0] for s in report.steps) and all(s.dlogp is not None for s in report.steps if s.trained[0])
+
+
+def test_flash_takes_the_official_number_of_steps(reports):
+    """int((T − l − w + 1)·r̃) tail points, ends included: 11 steps for Flash and 7 for Flash* at window start 0."""
+    steps = {name: len(r.steps) for name, r in reports.items()}
+    assert steps["mixgrpo window start 0 (iteration 0)"] == 25
+    assert steps["mixgrpo_flash window start 0 (iteration 0)"] == 11
+    assert steps["mixgrpo_flash window start 9 (iteration 180)"] == 4 + 9 + 4
+    assert steps["mixgrpo_flash_star window start 0 (iteration 460)"] == 7
+    flash = reports["mixgrpo_flash window start 0 (iteration 0)"]
+    assert [s.stochastic[1] for s in flash.steps] == [True] * 4 + [False] * 7
+    assert [s.trained[1] for s in flash.steps] == [True] * 4 + [False] * 7
+
+
+def test_the_timestep_truncation_is_measured_apart(reports):
+    """The official transformer gets int(σ·1000)/1000; flowgrpo's adapter σ: without that input the states differ by
+    far more than the tolerance (the note each preset's first report carries)."""
+    for report in reports.values():
+        note = [n for n in report.notes if n.startswith("without the timestep's truncation")]
+        if note:
+            share = float(note[0].rsplit(", ", 1)[1].split(" of")[0])
+            assert share > 1e-4, note
+
+
+def test_the_known_differences_show_and_the_old_flash_grid_fails(checkout, monkeypatch):
+    from parity import mixgrpo
+
+    known = mixgrpo.run(checkout, mixgrpo.KNOWN_DIFFERENCES)
+    assert [r.ok for r in known] == [False, False]
+    cut = known[0]  # MixGRPO at start 21: official window {21, 22}, flowgrpo SDE on 21-24 (trained 21, 22)
+    assert [s.step for s in cut.steps if s.stochastic[0] != s.stochastic[1]] == [23, 24]
+    assert [s.step for s in cut.steps if s.trained[0] != s.trained[1]] == []
+    tail = known[1]  # Flash at start 18: the official rollout stops at σ_22, flowgrpo steps on to 0
+    assert len(tail.steps) == 23 and [s.step for s in tail.steps if not s.ok] == [22]
+    # flowgrpo's grid before issue 44: ⌈(T − l − w)·r̃⌉ tail steps, 13 at window start 0 where the official takes 11
+    import math
+
+    import samplers.grids as grids
+
+    monkeypatch.setattr(grids, "flash_tail_points",
+                        lambda T, end, r: 0 if end == T else math.ceil((T - end) * r - 1e-9) + 1)
+    old = mixgrpo.run(checkout, {"mixgrpo_flash": [(0, 0)]})[0]
+    assert len(old.steps) == 13 and not old.ok
