@@ -107,10 +107,15 @@ class SamplingConfig:
     # the log-prob's form: gaussian (the density) | squared_error (−reduce(x' − μ)², no 1/(2s²): Flow-GRPO's CPS code,
     # whose clip range binds on that scale; the KL keeps the step's s)
     log_prob: str = "gaussian"
+    # the rollout's network calls (and the transition learner's recompute of its transitions) are told the integer
+    # timestep ⌊1000σ⌋ while the kernels step the exact σ, as DiffusionNFT's and DGPO's SD3 rollouts and DanceGRPO's,
+    # MixGRPO's and BranchGRPO's FLUX steps do; false: σ·1000 (Flow-GRPO's, AWM's, the pipelines')
+    integer_timesteps: bool = False
     batches_per_iteration: int = 1  # rollout batches per iteration; rewards of batch b run while batch b+1 samples
     RULES: ClassVar[dict] = {"method": TEXT, "plan": MAPPING, "window": MAPPING, "shift": optional(above(0)),
                              "guidance_scale": optional(at_least(0)), "max_batch": at_least(1),
                              "reduce": one_of("mean", "sum"), "log_prob": one_of("gaussian", "squared_error"),
+                             "integer_timesteps": FLAG,
                              "batches_per_iteration": at_least(1)}
 
 
@@ -127,6 +132,7 @@ class RewardSpec:
 class AdvantageConfig:
     std: str = "group"  # z-score denominator: group (per group) | global (whole batch) | none (A = r − group mean, Dr. GRPO)
     eps: float = 1e-4  # added to the std
+    std_correction: int = 0  # the std divides by n − this: 0 the population's (Flow-GRPO's np.std), 1 torch.std's (DanceGRPO, MixGRPO)
     clip: float = 5.0  # advantages are clipped to [-clip, clip]
     # several rewards: gdpo (z-score each in its group, weighted sum, z-score the sum) | zsum (the same sum, not
     # z-scored again: MixGRPO's) | sum (weighted sum of raw rewards, then the group z-score: DiffusionNFT's, Flow-GRPO's)
@@ -140,7 +146,8 @@ class AdvantageConfig:
     # GARDO's diversity-aware shaping: positive advantages times the sample's nearest-sibling cosine distance over
     # its group's mean (features: the decoded samples at 16x16); docs/hacking.md
     diversity: bool = False
-    RULES: ClassVar[dict] = {"std": one_of("group", "global", "none"), "eps": above(0), "clip": above(0),
+    RULES: ClassVar[dict] = {"std": one_of("group", "global", "none"), "eps": above(0), "std_correction": one_of(0, 1),
+                             "clip": above(0),
                              "multi_reward": one_of("gdpo", "zsum", "sum"), "tree_value": one_of("mean", "path_weighted"),
                              "tree_beta": above(0), "best_of_n": at_least(0), "tied_groups": one_of("skip", "train"),
                              "diversity": FLAG}
@@ -257,7 +264,9 @@ class TrainConfig:
     updates_per_epoch: int = 1  # optimizer steps per pass (transitions split evenly, whole groups kept)
     # what an update's share of the pass is made of: groups (whole groups or trees, each weighed as one) |
     # transitions (the transition learner: every trained transition shuffled across groups and cut into
-    # updates_per_epoch equal parts, BranchGRPO's stepping; each still carries its group's normalising weight)
+    # updates_per_epoch equal parts, BranchGRPO's stepping; each still carries its group's normalising weight) |
+    # samples (chains: every group's samples in a seeded order dealt out to the updates, each sample with all its
+    # transitions or draws, so each step trains a share of every group: Flow-GRPO's, DanceGRPO's, MixGRPO's codes)
     update_split: str = "groups"
     micro_batch: int = 64  # transitions per forward/backward (gradient accumulation inside an update)
     learning_rate: float = 3e-4
@@ -286,7 +295,7 @@ class TrainConfig:
     max_iterations_without_reward: int = 3
     RULES: ClassVar[dict] = {
         "iterations": at_least(1), "prompts_per_iteration": at_least(1), "inner_epochs": at_least(1),
-        "updates_per_epoch": at_least(1), "update_split": one_of("groups", "transitions"),
+        "updates_per_epoch": at_least(1), "update_split": one_of("groups", "transitions", "samples"),
         "micro_batch": at_least(1), "learning_rate": at_least(0),
         "lr_schedule": one_of("constant", "cosine", "linear"), "lr_final": between(0, 1), "weight_decay": at_least(0),
         "optimizer": one_of("adamw", "muon"),
@@ -743,7 +752,17 @@ def validate(cfg: Config) -> None:
                           f"{lo.anchor_kl_min} and loss.anchor_kl_coef={lo.anchor_kl_coef}: it needs 0 < min <= coef")
     if t.update_split == "transitions" and cfg.learner.name != "transition":
         raise ConfigError(f"train.update_split=transitions shuffles stored transitions, which learner.name="
-                          f"{cfg.learner.name!r} does not train on; use train.update_split=groups")
+                          f"{cfg.learner.name!r} does not train on; use train.update_split=groups or samples")
+    if t.update_split == "samples":
+        if tree:
+            raise ConfigError("train.update_split=samples deals a group's chains to the updates, and a tree's samples share "
+                              "their trunk; use train.update_split=groups or transitions with a tree plan")
+        if cfg.learner.name == "dgpo":
+            raise ConfigError("train.update_split=samples splits a group over optimizer steps, and DGPO's preference "
+                              "compares a whole group; use train.update_split=groups")
+        if t.updates_per_epoch > group:
+            raise ConfigError(f"train.update_split=samples deals each group's {group} samples to train.updates_per_epoch="
+                              f"{t.updates_per_epoch} updates: some would train none of a group; lower updates_per_epoch")
     lc = cfg.learner
     if not lc.time_min < lc.time_max:
         raise ConfigError(f"learner.time_min={lc.time_min} < learner.time_max={lc.time_max} is needed: training times are "

@@ -261,6 +261,9 @@ class _Run:
                 x_next, gens, self.n_next = None, {}, len(nxt.node_id)
                 for g, eg in enumerate(tpl.edges[i]):
                     x_next = self.apply(i, g, eg, x, v, x_next, hist, gens, subset)
+                if i == self.plan.num_steps - 1 and self.plan.leaf == "predicted":  # the samples: x̂0 of the last step
+                    parent_rows = _tile(nxt.parent_pos, n, P, self.device)
+                    x_next = data_prediction(x, v, self.sig[i]).index_select(0, parent_rows).to(self.dtype)
                 if tpl.needs_history[i]:  # children inherit their parent's x̂0 (SDE steps too)
                     parent_rows = _tile(nxt.parent_pos, n, P, self.device)
                     older = (None, None)

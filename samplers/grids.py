@@ -78,7 +78,7 @@ def shift_sigmas(t: torch.Tensor, shift: float) -> torch.Tensor:
     return shift * t / (1.0 + (shift - 1.0) * t)
 
 
-GRIDS = ("linear", "scheduler")
+GRIDS = ("linear", "linear_float32", "scheduler", "dpmsolver")
 TRAIN_TIMESTEPS = 1000  # the flow-matching schedulers' num_train_timesteps
 
 
@@ -89,13 +89,29 @@ def time_grid(num_steps: int, shift: float = 3.0, terminal: float | None = None,
     ``spacing``: "linear" spaces the unshifted t as 1, 1 − 1/T, …, 1/T (what the pipelines pass as ``sigmas``);
     "scheduler" is diffusers' FlowMatchEulerDiscreteScheduler left to space them itself (the grid DiffusionNFT's and
     AWM's code train on): T points from 1 to its σ_min = shift(1/1000), shifted, so the last σ before 0 is
-    shift(shift(1/1000)) (SD3's shift 3: 0.0089, where the linear grid of 10 steps stops at 0.25)."""
+    shift(shift(1/1000)) (SD3's shift 3: 0.0089, where the linear grid of 10 steps stops at 0.25). "dpmsolver" is
+    diffusers' DPMSolverMultistepScheduler with flow sigmas (DGPO's rollout): t_i = 1 − a_{T−i} of a = linspace(1,
+    1/1000, T + 1), i < T, shifted once, so σ_0 = shift(0.999) < 1, then 0. "linear_float32" is the linear grid
+    computed in float32 as DanceGRPO's, MixGRPO's and BranchGRPO's ``sd3_time_shift(shift, torch.linspace(1, 0, T + 1))``:
+    the same points to a float32 ulp (at T = 20 and shift 3 its σ_6 is 0.87499994, the linear grid's 0.875), and that
+    ulp decides the integer timestep ⌊1000σ⌋ those codes tell the network (sampling.integer_timesteps)."""
     if int(num_steps) != num_steps or num_steps < 1:
         raise ValueError(f"num_steps must be a positive integer, got {num_steps}")
     if spacing not in GRIDS:
         raise ValueError(f"grid spacing must be one of {GRIDS}, got {spacing!r}")
     if spacing == "linear":
         t = torch.linspace(1.0, 0.0, int(num_steps) + 1, dtype=torch.float64)
+    elif spacing == "linear_float32":
+        t32 = torch.linspace(1.0, 0.0, int(num_steps) + 1, dtype=torch.float32)
+        k = float(shift)
+        sigmas = ((k * t32) / (1 + (k - 1) * t32)).double()
+        return terminal_stretch(sigmas, terminal)(sigmas)
+    elif spacing == "dpmsolver":
+        a = torch.linspace(1.0, 1.0 / TRAIN_TIMESTEPS, int(num_steps) + 1, dtype=torch.float64)
+        t = torch.cat([torch.flip(1.0 - a, [0])[:-1], torch.zeros(1, dtype=torch.float64)])
+        sigmas = shift_sigmas(t, shift)
+        sigmas[-1] = 0.0
+        return terminal_stretch(sigmas, terminal)(sigmas)
     else:
         low = float(shift_sigmas(torch.tensor(1.0 / TRAIN_TIMESTEPS, dtype=torch.float64), shift))
         t = torch.cat([torch.linspace(1.0, low, int(num_steps), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])

@@ -35,6 +35,7 @@ INITIAL_NOISE_MODES = ("shared", "independent")
 SIDE_WEIGHTS = ("none", "noise_aware", "noise_aware_mean_one")
 NFE_CATEGORIES = ("rollout", "probe")
 GRID_ENDS = ("exact", "awm")
+LEAVES = ("sample", "predicted")  # what a rollout returns as its samples: x' of the last step, or its x̂0
 AWM_FIRST_SIGMA = 1.0 - 1e-3  # AWM's first grid point for SA-Solver (λ stays finite)
 
 
@@ -105,6 +106,10 @@ class Plan:
     initial_noise: str = "shared"  # "shared": every root of a prompt starts from the same x_T
     train_subset: int | None = None  # each root trains a random subset of this many trained steps
     name: str = "custom"
+    # the samples the rollout returns (rewarded, and the forward learners' x0): "sample", the last step's x'; or
+    # "predicted", the last step's data prediction x̂0 = x − σ·v (DanceGRPO's and BranchGRPO's codes reward it; the
+    # last step's x' is still what its transition stores and trains)
+    leaf: str = "sample"
     shift: float | None = None  # the time shift the grid was built with (None: a grid given as it is)
     # the grid before grid_ends edited its ends (AWM's SA-Solver rollouts), which forward learners draw training
     # times from as the reference codes do (their scheduler's timesteps); None: ``sigmas``
@@ -125,6 +130,8 @@ class Plan:
             raise ValueError(f"roots_per_prompt must be ≥ 1, got {self.roots_per_prompt}")
         if self.initial_noise not in INITIAL_NOISE_MODES:
             raise ValueError(f"initial_noise must be one of {INITIAL_NOISE_MODES}")
+        if self.leaf not in LEAVES:
+            raise ValueError(f"leaf must be one of {LEAVES}, got {self.leaf!r}")
         for i, step in enumerate(self.steps):
             sigma, sigma_next = float(s32[i]), float(s32[i + 1])
             if step.trained and self._std(step.kernel, sigma, sigma_next, step.eta) <= 0:
@@ -225,6 +232,7 @@ def compose_plan(
     post_window_ratio: float | None = None,
     post_window_solver: str = "dpmpp_2m",
     train_fraction: float = 1.0,
+    train_last: bool = False,
     train_subset_fraction: float | None = None,
     splits: Sequence[int] = (),
     branch_factor: int = 2,
@@ -241,6 +249,7 @@ def compose_plan(
     sa_predictor_order: int = 2,
     sa_corrector_order: int = 2,
     grid_ends: str = "exact",
+    leaf: str = "sample",
     name: str = "custom",
 ) -> Plan:
     """Build a plan from orthogonal options (all step indices refer to the original T steps).
@@ -256,8 +265,9 @@ def compose_plan(
       ``post_window_solver`` (``grids.flash_tail_points``; T = 25, l = 0, w = 4: 11 steps at r̃ = 0.4, 7 at 0.2).
       Steps before it keep the grid.
     - ``train_fraction``: SDE steps i < ⌊T·f⌋ are trained, never the last step (its Gaussian is too
-      sharp near σ' = 0; Flow-GRPO uses f = 0.99). ``train_subset_fraction`` (DanceGRPO): each root
-      trains a random ⌊(T − 1)·f⌋ of them.
+      sharp near σ' = 0; Flow-GRPO uses f = 0.99) unless ``train_last`` (SAGE-GRPO's code trains all its steps:
+      sage_sde's last step has s > 0; a kernel with s = 0 there, cps, is refused). ``train_subset_fraction``
+      (DanceGRPO): each root trains a random ⌊(T − 1)·f⌋ of them.
     - ``splits``/``branch_factor``/``split_noise``: BranchGRPO split steps.
     - ``side_steps``/``side_children``/``side_kernel``/``side_eta``: TempFlow branch points;
       ``side_weight``: ``noise_aware`` multiplies each step's loss by c·σ_t(j)·√Δ_j (flow_sde's std
@@ -268,6 +278,8 @@ def compose_plan(
       in the window [lo, hi] (AWM: 0.4 in [0.3, 0.9], as its code evaluates τ at the time it steps to), else τ = 0.
     - ``grid_ends``: "exact" keeps the grid; "awm" applies AWM's SA-Solver edits: σ_{T−1} = σ_{T−2}/2, then
       σ_0 = 1 − 1e-3 (needs T ≥ 2).
+    - ``leaf``: the samples returned, "sample" (the last step's x') or "predicted" (its x̂0 = x − σ·v, as
+      DanceGRPO's and BranchGRPO's codes decode for the reward, their last step being an SDE step).
     """
     if kernel not in KERNEL_NAMES or side_kernel not in KERNEL_NAMES:
         raise ValueError(f"unknown kernel {kernel!r} / {side_kernel!r}; use one of {KERNEL_NAMES}")
@@ -306,7 +318,7 @@ def compose_plan(
     if not 0.0 <= lo <= hi <= 1.0:
         raise ValueError(f"sa_tau_window must be [lo, hi] with 0 ≤ lo ≤ hi ≤ 1, got {list(sa_tau_window)}")
     total = sigmas.numel() - 1
-    train_until = min(math.floor(T * train_fraction + 1e-9), total - 1)
+    train_until = min(math.floor(T * train_fraction + 1e-9), total if train_last else total - 1)
     s32 = sigmas.to(torch.float32).tolist()
 
     side_weights = {}
@@ -350,6 +362,7 @@ def compose_plan(
         initial_noise=initial_noise,
         train_subset=subset,
         name=name,
+        leaf=leaf,
         shift=float(shift),
         unedited_sigmas=None if sigmas is unedited else unedited,
     )
@@ -421,6 +434,7 @@ METHOD_PRESETS: dict[str, dict] = {
 __all__ = [
     "GRID_ENDS",
     "INITIAL_NOISE_MODES",
+    "LEAVES",
     "METHOD_PRESETS",
     "NFE_CATEGORIES",
     "Plan",

@@ -31,7 +31,7 @@ FOLLOWS = ("step", "iteration", "never")
 
 
 def warmed_decay(decay: float) -> Callable[[int], float]:
-    """λ(n) = min(decay, (1 + n)/(10 + n)): an EMA that follows its source closely over the first steps (λ = 0.1
+    """λ(n) = min(decay, (1 + n)/(10 + n)): an EMA that follows its source closely over the first steps (λ = 2/11
     after the first step, 0.5 after the eighth) and settles at ``decay``, the warm-up of the EMA every official
     repository flowgrpo's presets follow uses for its evaluation weights."""
     return lambda n: min(decay, (1 + n) / (10 + n))

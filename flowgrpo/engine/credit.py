@@ -60,8 +60,8 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
     gpp = records[0].groups_per_prompt
     local_g = torch.cat([torch.tensor(s)[rec.leaf_prompt] * gpp + rec.leaf_group % gpp for s, rec in zip(slots, records)])
     all_r, all_g = gather(local_rewards), gather(local_g)
-    signal_all = combine_rewards(all_r, weights, all_g, cfg.multi_reward, cfg.eps)
-    leaf_adv_all, stats = group_zscore(signal_all, all_g, cfg.std, cfg.eps)
+    signal_all = combine_rewards(all_r, weights, all_g, cfg.multi_reward, cfg.eps, cfg.std_correction)
+    leaf_adv_all, stats = group_zscore(signal_all, all_g, cfg.std, cfg.eps, cfg.std_correction)
     stats["valid_reward_fraction"] = float(torch.isfinite(signal_all).float().mean())  # over every process's leaves
     if all_r.shape[1] > 1 and cfg.multi_reward in ("gdpo", "zsum"):
         leaf_adv_all = signal_all.float()  # the (z-scored) sum of the group z-scores is the advantage itself
@@ -82,7 +82,7 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
                 values = path_weighted_values(rec, signal[offset : offset + n], cfg.tree_beta)
             else:
                 values = rec.node_values(signal[offset : offset + n])
-            node_adv = tree_advantages(values, rec.node_depth, cfg.eps)
+            node_adv = tree_advantages(values, rec.node_depth, cfg.eps, cfg.std_correction)
             t_adv, l_adv = node_adv[rec.prompt, rec.node], node_adv[rec.leaf_prompt, rec.leaf_node]
         else:  # chains and TempFlow siblings: the advantage of the leaf below x'
             t_adv, l_adv = rec.transition_values(leaf_adv[offset : offset + n]), leaf_adv[offset : offset + n]
@@ -106,8 +106,10 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
     return Advantages(out, leaves, tied_t if skip else None, tied_l if skip else None), stats
 
 
-def _group_stats(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row group mean, group std (population) and group count of the non-NaN values."""
+def _group_stats(values: torch.Tensor, groups: torch.Tensor,
+                 correction: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row group mean, group std and group count of the non-NaN values; the std divides by count − correction
+    (0: the population std; 1: Bessel's, torch.std's default), a group of at most ``correction`` values has std 0."""
     valid = ~torch.isnan(values)
     ids, inverse = torch.unique(groups, return_inverse=True)
     filled = torch.where(valid, values, torch.zeros_like(values)).double()
@@ -115,24 +117,25 @@ def _group_stats(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tens
     total = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, filled)
     mean = total / count.clamp(min=1)
     sq = torch.where(valid, (values.double() - mean[inverse]) ** 2, torch.zeros_like(filled))
-    var = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, sq) / count.clamp(min=1)
+    var = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, sq) / (count - correction).clamp(min=1)
     return mean[inverse], var.sqrt()[inverse], count[inverse]
 
 
 def group_zscore(
-    rewards: torch.Tensor, groups: torch.Tensor, std: str = "group", eps: float = 1e-4
+    rewards: torch.Tensor, groups: torch.Tensor, std: str = "group", eps: float = 1e-4, correction: int = 0
 ) -> tuple[torch.Tensor, dict]:
     """A_i = (r_i − mean_g)/(std + eps) with std per group or over the whole batch, or
     A_i = r_i − mean_g with std="none" (Dr. GRPO: the group-mean baseline alone, which keeps the
-    reward's scale, so a KL weight β means what it says in E[r] − β·KL).
+    reward's scale, so a KL weight β means what it says in E[r] − β·KL). Either std divides by n − correction
+    (0: the population's, Flow-GRPO's np.std; 1: torch.std's, DanceGRPO's and MixGRPO's).
 
     rewards [L] (NaN = not applicable), groups [L] -> advantages [L] float32 (NaN where the reward
     is), plus stats: the fraction of groups with zero std (they carry no signal and get A = 0).
     """
-    mean, group_std, count = _group_stats(rewards, groups)
+    mean, group_std, count = _group_stats(rewards, groups, correction)
     valid = ~torch.isnan(rewards)
     if std == "global":
-        denom = rewards[valid].double().std(unbiased=False) if valid.any() else torch.tensor(0.0)
+        denom = rewards[valid].double().std(correction=correction) if valid.sum() > correction else torch.tensor(0.0)
         denom = denom.expand_as(mean) + eps
     elif std == "group":
         denom = group_std + eps
@@ -181,10 +184,12 @@ def diversity_scale(features: torch.Tensor, groups: torch.Tensor) -> torch.Tenso
     return scale.float()
 
 
-def gdpo(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+def gdpo(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps: float = 1e-4,
+         correction: int = 0) -> torch.Tensor:
     """GDPO multi-reward: z-score each reward inside its group, weighted sum, z-score the sum over
     the batch. rewards [L, K], weights [K] -> combined [L] (before the final advantage step)."""
-    per_reward = torch.stack([group_zscore(rewards[:, k], groups, "group", eps)[0] for k in range(rewards.shape[1])], 1)
+    per_reward = torch.stack([group_zscore(rewards[:, k], groups, "group", eps, correction)[0]
+                              for k in range(rewards.shape[1])], 1)
     combined = (per_reward * weights.to(per_reward)).sum(1)
     nan = torch.isnan(rewards).any(1)
     combined = torch.where(nan, torch.full_like(combined, float("nan")), combined)
@@ -195,24 +200,29 @@ def gdpo(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps
     return combined
 
 
-def zsum(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+def zsum(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, eps: float = 1e-4,
+         correction: int = 0) -> torch.Tensor:
     """MixGRPO's multi-reward advantage (its code's ``advantage_aggr``): z-score each reward inside its group and take
-    the weighted sum, not normalised again (GDPO z-scores that sum over the batch). rewards [L, K] -> [L]."""
-    per_reward = torch.stack([group_zscore(rewards[:, k], groups, "group", eps)[0] for k in range(rewards.shape[1])], 1)
-    combined = (per_reward * weights.to(per_reward)).sum(1)
+    the weighted sum with the weights divided by Σ|w| (its code normalises them to sum 1), not normalised again
+    (GDPO z-scores that sum over the batch). rewards [L, K] -> [L]."""
+    per_reward = torch.stack([group_zscore(rewards[:, k], groups, "group", eps, correction)[0]
+                              for k in range(rewards.shape[1])], 1)
+    weights = weights.to(per_reward)
+    combined = (per_reward * (weights / weights.abs().sum().clamp(min=1e-12))).sum(1)
     return torch.where(torch.isnan(rewards).any(1), torch.full_like(combined, float("nan")), combined)
 
 
-def combine_rewards(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, mode: str, eps: float) -> torch.Tensor:
+def combine_rewards(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.Tensor, mode: str, eps: float,
+                    correction: int = 0) -> torch.Tensor:
     """[L, K] rewards -> [L] scalar signal: one reward is scaled by its weight (a negative weight
     minimises it: every advantage rule is odd in the signal, so weight −1 flips every advantage's
     sign); several combine by ``mode``."""
     if rewards.shape[1] == 1:
         return rewards[:, 0] * weights[0].to(rewards)
     if mode == "gdpo":
-        return gdpo(rewards, weights, groups, eps)
+        return gdpo(rewards, weights, groups, eps, correction)
     if mode == "zsum":
-        return zsum(rewards, weights, groups, eps)
+        return zsum(rewards, weights, groups, eps, correction)
     if mode == "sum":
         return (rewards * weights.to(rewards)).sum(1)
     raise ValueError(f"multi_reward={mode!r}; use 'gdpo', 'zsum' or 'sum'")
@@ -228,18 +238,21 @@ def win_rates(preferences: torch.Tensor) -> torch.Tensor:
     return (preferences.double() * off).sum(1).div(g - 1).float()
 
 
-def tree_advantages(node_values: torch.Tensor, node_depth: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+def tree_advantages(node_values: torch.Tensor, node_depth: torch.Tensor, eps: float = 1e-4,
+                    correction: int = 0) -> torch.Tensor:
     """BranchGRPO depth-wise advantages: for every node n at depth d of a prompt's tree,
-    A(n) = (r̄(n) − mean_d)/(std_d + eps) over that prompt's nodes at depth d.
-    node_values [P, Nn], node_depth [Nn] -> [P, Nn] (a single node at a depth gets 0)."""
+    A(n) = (r̄(n) − mean_d)/(std_d + eps) over that prompt's nodes at depth d, the std dividing by the count less
+    ``correction`` (1: torch.std's, BranchGRPO's code). node_values [P, Nn], node_depth [Nn] -> [P, Nn] (a single
+    node at a depth gets 0)."""
     adv = torch.zeros_like(node_values, dtype=torch.float64)
     for depth in node_depth.unique().tolist():
         cols = (node_depth == depth).nonzero().squeeze(1)
         vals = node_values[:, cols].double()
         valid = ~torch.isnan(vals)
-        count = valid.sum(1, keepdim=True).clamp(min=1)
+        n = valid.sum(1, keepdim=True)
+        count = n.clamp(min=1)
         mean = torch.where(valid, vals, 0.0).sum(1, keepdim=True) / count
-        std = (torch.where(valid, (vals - mean) ** 2, 0.0).sum(1, keepdim=True) / count).sqrt()
+        std = (torch.where(valid, (vals - mean) ** 2, 0.0).sum(1, keepdim=True) / (n - correction).clamp(min=1)).sqrt()
         z = torch.where(std < 1e-12, torch.zeros_like(vals), (vals - mean) / (std + eps))
         adv[:, cols] = torch.where(valid, z, torch.full_like(vals, float("nan")))  # NaN nodes stay NaN
     return adv.float()

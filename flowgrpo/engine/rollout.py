@@ -64,7 +64,7 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
         idx = [draws.dataset_index(iteration, s) for s in slots]
         texts, metadata = [draws.prompts[i] for i in idx], [draws.metadata[i] for i in idx]
         cond = model.encode_prompts(texts)
-        with policy.using(learner.sampling_copy):
+        with policy.using(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):
             record = samplers.rollout(
                 policy.velocity_fn(cond, sampling.guidance_scale), plan, prompt_ids=slots,
                 latent_shape=model.latent_shape(), seed=cfg.train.seed, iteration=iteration, dtype=model.dtype,

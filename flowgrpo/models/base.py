@@ -358,6 +358,7 @@ class FlowModel:
         # times 0), so every process makes the same collective calls whatever its rows' times (engine/policy.py)
         self.call_every_expert = False
         self._in_reference = False
+        self._integer_time = False  # inside integer_timesteps(): the networks are told ⌊σ·T⌋
         self._setup_finetune()
 
     # ---------------------------------------------------------------- set-up
@@ -495,12 +496,29 @@ class FlowModel:
         (the pipelines' do_classifier_free_guidance; FLUX's guidance-distilled models differ)."""
         return guidance_scale > 1.0
 
+    def _model_time(self, sigma: torch.Tensor) -> torch.Tensor:
+        """The scheduler's timestep the network is told at σ [B] fp32: σ·T (T = its train timesteps, 1000), or inside
+        ``integer_timesteps()`` ⌊σ·T⌋ with the product in float32, as codes that hand the network integer timesteps
+        compute it (DiffusionNFT's and DGPO's SD3 rollouts, DanceGRPO's, MixGRPO's and BranchGRPO's FLUX steps)."""
+        t = sigma * self._num_train_timesteps
+        return torch.floor(t.float()).to(t.dtype) if self._integer_time else t
+
+    @contextmanager
+    def integer_timesteps(self, on: bool = True) -> Iterator[None]:
+        """Inside (when ``on``), every network call is told the integer timestep ⌊σ·T⌋ instead of σ·T; the samplers'
+        kernels still step the exact σ (sampling.integer_timesteps)."""
+        previous, self._integer_time = getattr(self, "_integer_time", False), bool(on)
+        try:
+            yield
+        finally:
+            self._integer_time = previous
+
     def _transformer_velocity(self, transformer, x, sigma, cond, guidance_scale):
         """One transformer call: x [B, C, ...] (model dtype), sigma [B] fp32, the conditioning rows ``cond`` ->
         velocity shaped like x. The default is the diffusers DiT call SD3 and Wan share (timestep = σ times the
-        scheduler's train timesteps); a family adds its inputs with ``_extra_inputs`` or replaces the call
-        (FLUX packs its latents)."""
-        return transformer(hidden_states=x, timestep=sigma * self._num_train_timesteps,
+        scheduler's train timesteps, ``_model_time``); a family adds its inputs with ``_extra_inputs`` or replaces
+        the call (FLUX packs its latents)."""
+        return transformer(hidden_states=x, timestep=self._model_time(sigma),
                            encoder_hidden_states=cond.prompt_embeds.to(self.dtype), return_dict=False,
                            **self._extra_inputs(cond))[0]
 

@@ -53,7 +53,7 @@ class FluxModel(FlowModel):
         n, channels, h, w = x.shape
         packed = FluxPipeline._pack_latents(x, n, channels, h, w)
         img_ids = FluxPipeline._prepare_latent_image_ids(n, h // 2, w // 2, self.device, self.dtype)
-        t = sigma * self._num_train_timesteps  # the scheduler's timestep
+        t = self._model_time(sigma)  # the scheduler's timestep
         guidance = None
         if self.guidance_embeds:
             guidance = torch.full([n], guidance_scale, device=self.device, dtype=torch.float32)

@@ -97,7 +97,7 @@ class _Flux2Base(FlowModel):
         pipe = self.pipeline
         packed = pipe._pack_latents(x)  # [N, h*w, C], the pipeline's prepare_latents
         img_ids = pipe._prepare_latent_ids(x).to(self.device)  # [N, h*w, 4]: (T=0, H, W, L=0)
-        t = sigma * self._num_train_timesteps  # the scheduler's timestep
+        t = self._model_time(sigma)  # the scheduler's timestep
         out = transformer(
             hidden_states=packed,
             timestep=t.to(self.dtype) / 1000,  # the pipelines: timestep = t.expand(B).to(latents.dtype); timestep / 1000

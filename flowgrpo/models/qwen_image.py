@@ -85,7 +85,7 @@ class QwenImageModel(FlowModel):
         in the latent dtype, the text embeddings with their mask."""
         n, channels, h, w = x.shape
         packed = QwenImagePipeline._pack_latents(x, n, channels, h, w)
-        t = sigma * self._num_train_timesteps  # the scheduler's timestep
+        t = self._model_time(sigma)  # the scheduler's timestep
         embeds, mask = self._trim_text(cond.prompt_embeds, cond.prompt_mask)
         out = transformer(
             hidden_states=packed,

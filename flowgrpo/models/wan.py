@@ -58,7 +58,7 @@ class WanModel(FlowModel):
             return super()._transformer_velocity(transformer, x, sigma, cond, guidance_scale)
         _, ph, pw = transformer.config.patch_size
         tokens = x.shape[2] * (x.shape[3] // ph) * (x.shape[4] // pw)
-        timestep = (sigma * self._num_train_timesteps)[:, None].expand(-1, tokens)
+        timestep = self._model_time(sigma)[:, None].expand(-1, tokens)
         return transformer(hidden_states=x, timestep=timestep, encoder_hidden_states=cond.prompt_embeds.to(self.dtype),
                            return_dict=False)[0]
 

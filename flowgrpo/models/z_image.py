@@ -84,7 +84,7 @@ class ZImageModel(FlowModel):
         if cond.prompt_mask is None:
             raise ValueError("Z-Image conditioning needs prompt_mask (each row's real tokens); encode prompts with "
                              "ZImageModel.encode_prompts")
-        t = sigma * self._num_train_timesteps  # the scheduler's timestep
+        t = self._model_time(sigma)  # the scheduler's timestep
         timestep = (1000 - t) / 1000  # exactly the pipeline's arithmetic
         embeds = cond.prompt_embeds.to(self.dtype)
         mask = cond.prompt_mask.to(embeds.device, torch.bool)

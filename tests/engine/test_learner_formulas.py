@@ -406,13 +406,21 @@ def test_plain_weighted_sum_is_dominated_by_the_large_scale_reward():
 
 
 def test_zsum_is_the_weighted_sum_of_group_z_scores_not_normalised_again():
-    """MixGRPO's rule by hand, weights (1, 2): group 0's z-scores are R0 (−r, 0, r), R1 (r, −r, 0) with r = √1.5, so
-    the sum is (r, −2r, r); group 1's (r, r, −2r). GDPO would divide that by its batch std √3."""
+    """MixGRPO's rule by hand, weights (1, 2), which its code divides by their sum 3: group 0's z-scores are R0
+    (−r, 0, r), R1 (r, −r, 0) with r = √1.5, so the sum is (r, −2r, r)/3; group 1's (r, r, −2r)/3. GDPO would divide
+    the unnormalised sum by its batch std √3. With torch.std's Bessel correction (std_correction=1) the z-scores of
+    three values −1, 0, 1 are ±1, not ±√1.5."""
     r = math.sqrt(1.5)
     weights = torch.tensor([1.0, 2.0])
     out = combine_rewards(torch.stack([R0, R1], 1), weights, GROUPS6, "zsum", 0.0)
-    close(out, [r, -2 * r, r, r, r, -2 * r], rtol=1e-6)
-    close(gdpo(torch.stack([R0, R1], 1), weights, GROUPS6, eps=0.0), [x / math.sqrt(3) for x in out.tolist()], rtol=1e-6)
+    close(out, [r / 3, -2 * r / 3, r / 3, r / 3, r / 3, -2 * r / 3], rtol=1e-6)
+    close(gdpo(torch.stack([R0, R1], 1), weights, GROUPS6, eps=0.0), [x * math.sqrt(3) for x in out.tolist()], rtol=1e-6)
+    bessel = combine_rewards(torch.stack([R0, R1], 1), weights, GROUPS6, "zsum", 0.0, correction=1)
+    close(bessel, [1 / 3, -2 / 3, 1 / 3, 1 / 3, 1 / 3, -2 / 3], rtol=1e-6)
+    adv, _ = group_zscore(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0, 0, 1, 1]), eps=0.0, correction=1)
+    close(adv, [-1 / math.sqrt(2), 1 / math.sqrt(2)] * 2, rtol=1e-6)  # deviations ±0.5, Bessel std √0.5
+    glob, _ = group_zscore(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0, 0, 1, 1]), "global", 0.0, correction=1)
+    close(glob, [-0.5 / math.sqrt(5 / 3), 0.5 / math.sqrt(5 / 3)] * 2, rtol=1e-6)  # Σ dev² = 5, / (4 − 1)
     with_nan = torch.stack([R0, R1], 1).clone()
     with_nan[0, 1] = float("nan")
     assert torch.isnan(combine_rewards(with_nan, weights, GROUPS6, "zsum", 0.0)[0])
@@ -481,6 +489,11 @@ def test_tree_advantages_depthwise_hand_tree():
     # a depth where every node has the same value gives exact zeros
     flat = tree_advantages(torch.tensor([[2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]]), DEPTH7)
     assert flat.tolist() == [[0.0] * 7]
+    # BranchGRPO's code (torch.std): prompt 0's depth 1 [2, 8] has Bessel std √18, depth 2 deviations [−4, −2, 0, 6]
+    # sum 56 over 3: √(56/3)
+    bessel = tree_advantages(torch.tensor(VALUES7), DEPTH7, correction=1)
+    s18, s56 = math.sqrt(18) + 1e-4, math.sqrt(56 / 3) + 1e-4
+    close(bessel[0], [0.0, -3 / s18, 3 / s18, -4 / s56, -2 / s56, 0.0, 6 / s56])
 
 
 def _branch_record():

@@ -97,6 +97,9 @@ RECIPE_MECHANISMS = {  # id -> (preset, overrides)
     "branchgrpo-transitions": ("branchgrpo", ("train.update_split=transitions", "train.updates_per_epoch=4",
                                               "loss.clip_range=1e-2")),
     "dgpo-times": ("dgpo", ("learner.share_times=iteration",)),
+    # the SD3/FLUX codes step on a share of every group's samples (train.update_split=samples)
+    "flow_grpo-samples": ("flow_grpo", ("train.update_split=samples", "train.updates_per_epoch=2")),
+    "nft-samples": ("diffusion_nft", ("train.update_split=samples", "train.updates_per_epoch=2")),
     "sage-kl": ("sage", ("loss.anchor_kl_coef=1e-5", "loss.rollout_kl_coef=1e-6", "loss.anchor_kl_schedule=sage")),
     # Muon moves a weight's elements by about 0.2·lr (RMS), Adam's first steps by lr: on the analytic network 3e-3
     # gains +0.08 in 120 iterations (seed 0), so 1.5e-2

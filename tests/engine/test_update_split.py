@@ -1,6 +1,7 @@
 """How the transition learner deals a pass's trained transitions out to its optimizer steps (train.update_split,
 flowgrpo/engine/learners/transition.py: TransitionLearner._updates): whole groups or trees per step (the default),
-or every transition shuffled across them (BranchGRPO's code steps every 12 shuffled transitions)."""
+or every transition shuffled across them (BranchGRPO's code steps every 12 shuffled transitions), or every group's
+chains dealt out so each step trains a share of every group (Flow-GRPO's, DanceGRPO's, MixGRPO's codes)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,44 @@ def test_every_trained_transition_is_in_exactly_one_step(tmp_path, split):
         assert all(len({groups[i] for i in step}) > 1 for step in steps)
     assert steps == learner._updates(rows, tied, sorted(set(groups)), 5, 0)
     assert steps != learner._updates(rows, tied, sorted(set(groups)), 5, 1)
+
+
+def test_splitting_by_samples_keeps_each_chain_whole_and_gives_every_step_a_share_of_every_group(tmp_path):
+    """update_split=samples: a chain's transitions land in one step, each step trains one of every group's three
+    chains (U = 3), tied rows in none, seeded by (seed, iteration, epoch); the forward learner deals its samples the
+    same way (each step half of every group at U = 2)."""
+    from flowgrpo.engine.learners.transition import deal_samples
+
+    trainer = trainer_for(tmp_path, "flow_grpo", "train.update_split=samples", "train.updates_per_epoch=3")
+    learner = trainer.learner
+    groups = [g for g in range(4) for _ in range(6)]  # 4 groups of 3 chains of 2 transitions
+    chains = [(0, g, i // 2) for i, g in enumerate(groups)]
+    rows, tied = rows_of(groups), set()
+    steps = learner._updates(rows, tied, sorted(set(groups)), 5, 0, chains)
+    assert sorted(i for step in steps for i in step) == list(range(len(rows)))
+    for step in steps:
+        assert sorted({groups[i] for i in step}) == [0, 1, 2, 3] and len(step) == 8
+        assert all(chains[i ^ 1] == chains[i] and (i ^ 1) in step for i in step)  # both transitions of the chain
+    assert steps == learner._updates(rows, tied, sorted(set(groups)), 5, 0, chains)
+    assert steps != learner._updates(rows, tied, sorted(set(groups)), 5, 1, chains)
+    dealt = deal_samples({7: list(range(5)), 9: [10, 11, 12, 13]}, 2, 0, 13, 1, 0)
+    assert [sorted(d[7]) + sorted(d[9]) for d in dealt] != [[], []]
+    assert sorted(dealt[0][7] + dealt[1][7]) == list(range(5)) and (len(dealt[0][7]), len(dealt[1][7])) == (3, 2)
+    assert (len(dealt[0][9]), len(dealt[1][9])) == (2, 2)
+    nft = trainer_for(tmp_path / "nft", "diffusion_nft", "train.update_split=samples", "train.updates_per_epoch=2")
+    by_group = {g: list(range(4 * g, 4 * g + 4)) for g in range(3)}
+    updates = nft.learner.updates(by_group, sorted(by_group), 2, 0)
+    assert [sorted(u) for u in updates] == [[0, 1, 2], [0, 1, 2]] and all(len(v) == 2 for u in updates for v in u.values())
+
+
+def test_splitting_by_samples_is_refused_where_it_cannot_apply(tmp_path):
+    with pytest.raises(ConfigError, match="tree"):
+        trainer_for(tmp_path, "branchgrpo", "train.update_split=samples")
+    with pytest.raises(ConfigError, match="DGPO"):
+        trainer_for(tmp_path / "d", "dgpo", "train.update_split=samples")
+    with pytest.raises(ConfigError, match="lower updates_per_epoch"):
+        trainer_for(tmp_path / "f", "flow_grpo", "train.update_split=samples", "train.updates_per_epoch=100",
+                    "train.prompts_per_iteration=100")
 
 
 def test_splitting_by_transitions_takes_that_many_steps_on_a_tree(tmp_path):

@@ -294,3 +294,26 @@ def test_bad_inputs_raise_with_the_fix():
         rollout(velocity, plan, prompt_ids=[0], latent_shape=(), seed=0)
     with pytest.raises(TypeError, match="samplers.Plan"):
         rollout(velocity, method_schedule("flow_grpo"), prompt_ids=[0], latent_shape=(2,), seed=0)
+
+
+@pytest.mark.parametrize("plan", ["chain", "tree"])
+def test_predicted_leaves_are_the_last_steps_data_prediction(plan):
+    """leaf="predicted" (DanceGRPO's, BranchGRPO's codes reward it): every sample is x̂0 = x − σ·v at the last step's
+    start, by hand from the stored last transition; the draws, the transitions and their log-probs are those of the
+    plain rollout, whose samples are the last x' (a noisy step: they differ)."""
+    kwargs = dict(kernel="dance_sde", eta=0.3, train_fraction=1.0, train_last=True)
+    kwargs.update(group_size=3) if plan == "chain" else kwargs.update(splits=(0, 2), branch_factor=2)
+    plain = rollout(velocity, compose_plan(6, **kwargs), prompt_ids=[3, 4], latent_shape=(2, 3, 2), seed=1)
+    pred = rollout(velocity, compose_plan(6, leaf="predicted", **kwargs), prompt_ids=[3, 4], latent_shape=(2, 3, 2),
+                   seed=1)
+    for field in TRANSITION_FIELDS:
+        a, b = getattr(plain, field), getattr(pred, field)
+        assert (a is None and b is None) or torch.equal(a, b), field
+    last = (plain.step == 5).nonzero().squeeze(1)  # the last step's transitions, one per leaf, in (prompt, node) order
+    assert torch.equal(plain.node[last], plain.leaf_node) and torch.equal(plain.next_state[last], plain.leaf_state)
+    x, sigma = plain.state[last], plain.sigma[last]
+    by_hand = x - sigma.view(-1, 1, 1, 1) * velocity(x, sigma, plain.cond_index[last])
+    assert torch.equal(pred.leaf_state, by_hand)
+    assert not torch.equal(pred.leaf_state, plain.leaf_state)
+    with pytest.raises(ValueError, match="leaf must be one of"):
+        compose_plan(6, leaf="mean")

@@ -312,3 +312,40 @@ def test_the_scheduler_grid_is_diffusers_own_spacing(num_steps):
     assert float(time_grid(10, 3.0)[-2]) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="grid spacing must be one of"):
         time_grid(num_steps, 3.0, spacing="cosine")
+
+
+def test_train_last_trains_the_step_to_zero_where_the_kernel_has_a_density():
+    """SAGE-GRPO's code trains all 20 steps: sage_sde's last step (σ' = 0) has s > 0, so train_last adds it; by default
+    the last step is never trained, and a kernel without a density there (cps, s = σ'·sin(ηπ/2) = 0) is refused."""
+    last = compose_plan(20, kernel="sage_sde", eta=0.5, train_fraction=1.0, train_last=True)
+    default = compose_plan(20, kernel="sage_sde", eta=0.5, train_fraction=1.0)
+    assert [s.trained for s in last.steps] == [True] * 20
+    assert [s.trained for s in default.steps] == [True] * 19 + [False]
+    with pytest.raises(ValueError, match="std 0"):
+        compose_plan(10, kernel="cps", eta=0.8, train_last=True)
+
+
+@pytest.mark.parametrize("num_steps", [4, 10])
+def test_the_dpmsolver_grid_is_diffusers_flow_sigma_dpm_solver(num_steps):
+    """grid='dpmsolver' is DPMSolverMultistepScheduler(use_flow_sigmas=True, flow_shift=3).set_timesteps(T), DGPO's
+    rollout grid: σ_0 = shift(0.999) < 1, then to 0; its integer timesteps are ⌊1000σ⌋ (sampling.integer_timesteps)."""
+    from diffusers import DPMSolverMultistepScheduler
+
+    scheduler = DPMSolverMultistepScheduler(use_flow_sigmas=True, flow_shift=3.0, prediction_type="flow_prediction")
+    scheduler.set_timesteps(num_steps)
+    grid = compose_plan(num_steps, shift=3.0, grid="dpmsolver", kernel="ode").sigmas
+    eps = torch.finfo(torch.float32).eps
+    assert (scheduler.sigmas.double() - grid.float().double()).abs().max() <= 2 * eps
+    assert 0.9996 < float(grid[0]) < 1 and grid[-1] == 0.0
+    assert scheduler.timesteps.tolist() == torch.floor(grid[:-1].float() * 1000).long().tolist()
+
+
+def test_the_linear_float32_grid_is_the_linear_grid_computed_as_the_flux_codes_compute_it():
+    """grid='linear_float32': (k·t)/(1 + (k − 1)·t) of torch.linspace(1, 0, T + 1) in float32 (DanceGRPO's,
+    BranchGRPO's sd3_time_shift): within a float32 ulp of 'linear', and at T = 20 its σ_6 is 0.87499994, not 0.875."""
+    t = torch.linspace(1, 0, 21)
+    by_hand = (3.0 * t) / (1 + 2.0 * t)
+    grid = time_grid(20, 3.0, spacing="linear_float32")
+    assert torch.equal(grid.float(), by_hand) and grid[0] == 1.0 and grid[-1] == 0.0
+    assert (grid - time_grid(20, 3.0).float().double()).abs().max() <= torch.finfo(torch.float32).eps
+    assert float(grid[6]) < 0.875 == float(time_grid(20, 3.0).float()[6])

@@ -37,7 +37,7 @@ import torch
 import samplers
 from flowgrpo.engine.copies import WeightCopy, soft_keep
 from flowgrpo.engine.learners.base import Learner, Rollouts
-from flowgrpo.engine.learners.transition import seeded_permutation
+from flowgrpo.engine.learners.transition import deal_samples, seeded_permutation
 
 STREAM_TRAIN_DRAWS = 101  # the (t, ε) draws of forward-process learners (samplers/grids.py streams are 1-4)
 
@@ -212,24 +212,22 @@ class ForwardLearner(Learner):
         for i, s in enumerate(samples):
             by_group.setdefault(s.group, []).append(i)
         group_ids = sorted(by_group)
-        trained = {g: [i for i in members if not samples[i].tied] for g, members in by_group.items()}
         space = DrawSpace.of(rollouts, policy.latent_shape)
         diag: dict[str, list] = {"loss": [], "grad_norm": []}
         contract: list[float] = []
         skipped_before, probed = policy.skipped_steps, {}
         for epoch in range(t_cfg.inner_epochs):
-            order = seeded_permutation(len(group_ids), t_cfg.seed, 13, rollouts.iteration, epoch).tolist()
-            chunks = [[group_ids[i] for i in order[u :: t_cfg.updates_per_epoch]] for u in range(t_cfg.updates_per_epoch)]
-            for u, chunk in enumerate(chunks):
-                self.normaliser = self.normalisation(samples, chunk, by_group)
+            for u, chunk in enumerate(self.updates(by_group, group_ids, rollouts.iteration, epoch)):
+                self.normaliser = self.normalisation(samples, list(chunk), chunk)
+                chosen = {g: [i for i in members if not samples[i].tied] for g, members in chunk.items()}
                 policy.zero_grad()
                 # micro-batches of at most train.micro_batch rows; a gradient-noise probe's hold whole groups (at
                 # least two, up to four), so that each is a small-batch gradient over its prompts
                 limit, unit = t_cfg.micro_batch, None
                 if policy.probe.active:
-                    limit = min(limit, -(-sum(len(trained[g]) for g in chunk) * self.cfg.learner.train_times // 4))
+                    limit = min(limit, -(-sum(len(v) for v in chosen.values()) * self.cfg.learner.train_times // 4))
                     unit = "group"
-                parts = self.micro_batches(chunk, trained, samples, limit, unit)
+                parts = self.micro_batches(list(chosen), chosen, samples, limit, unit)
                 for members, real in policy.matched(parts, lambda: [self.stand_in(rollouts)]):
                     loss, d = self.micro_loss(members, rollouts.batches, epoch, space, first=epoch == 0 and u == 0)
                     if not real:  # the same model calls as the other processes, no gradient, no diagnostics
@@ -241,7 +239,7 @@ class ForwardLearner(Learner):
                         diag.setdefault(key, []).append(value.detach().float().reshape(-1).cpu())
                     if epoch == 0 and u == 0 and self.contract_metric:
                         contract.append(float(d[self.contract_metric].max()))
-                norm, probed = policy.step(len({samples[i].key[0] for g in chunk for i in trained[g]}))
+                norm, probed = policy.step(len({samples[i].key[0] for v in chosen.values() for i in v}))
                 diag["grad_norm"].append(torch.tensor([norm]))
         cat = {k: torch.cat(v) for k, v in diag.items() if v}
         # the loss summed over processes (each process's share is normalised globally), the contract's worst row
@@ -258,6 +256,16 @@ class ForwardLearner(Learner):
             metrics[f"{self.contract_metric}_epoch0"] = float(every[:, 1].max())
         metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
         return metrics
+
+    def updates(self, by_group: dict, group_ids: list[int], iteration: int, epoch: int) -> list[dict]:
+        """Each of the pass's train.updates_per_epoch optimizer steps as {group: its samples there}: whole groups dealt
+        out in a seeded order, or (update_split=samples) every group's samples dealt out (``deal_samples``)."""
+        t = self.cfg.train
+        U = t.updates_per_epoch
+        if t.update_split == "samples":
+            return deal_samples(by_group, U, t.seed, 13, iteration, epoch)
+        order = seeded_permutation(len(group_ids), t.seed, 13, iteration, epoch).tolist()
+        return [{group_ids[i]: by_group[group_ids[i]] for i in order[u::U]} for u in range(U)]
 
     def normalisation(self, samples: list[Sample], chunk: list[int], by_group: dict) -> float:
         """The loss of one optimizer step is a mean over its training rows (sample × draw), over all processes."""

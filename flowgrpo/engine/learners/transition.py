@@ -28,6 +28,19 @@ def seeded_permutation(n: int, *parts: int) -> torch.Tensor:
     return torch.randperm(n, generator=samplers.make_generator(*parts))
 
 
+def deal_samples(by_group: dict, updates: int, *parts: int) -> list[dict]:
+    """train.update_split=samples: each group's samples in a seeded order (``parts`` and the group id), dealt out
+    round-robin to the ``updates`` optimizer steps of a pass, so every step trains about 1/updates of every group (as
+    the reference codes step every few samples of each process's batch). {group: [sample, ...]} -> one such mapping
+    per update, groups and their samples in the order dealt."""
+    out: list[dict] = [{} for _ in range(updates)]
+    for g in sorted(by_group):
+        members = by_group[g]
+        for k, i in enumerate(seeded_permutation(len(members), *parts, g).tolist()):
+            out[k % updates].setdefault(g, []).append(members[i])
+    return out
+
+
 class TransitionLearner(Learner):
     name = "transition"
     needs_transitions = True
@@ -63,6 +76,7 @@ class TransitionLearner(Learner):
         policy, cfg, t = self.policy, self.cfg, self.cfg.train
         batches = rollouts.batches
         rows = []  # (batch, row, advantage, coefficient, group, prompt slot)
+        chains = []  # per row: the sample (chain) it belongs to, (batch, prompt slot, root node)
         tied = set()  # rows of tied groups (advantage.tied_groups=skip): normalised as trained, never computed
         masks = rollouts.advantages.tied_transitions
         for bi, (b, adv) in enumerate(zip(batches, rollouts.advantages.transitions)):
@@ -71,11 +85,14 @@ class TransitionLearner(Learner):
             slots = torch.tensor(b.slots)[rec.prompt.cpu()]
             groups = (slots * rec.groups_per_prompt + rec.group.cpu() % rec.groups_per_prompt).tolist()
             slots = slots.tolist()
+            roots = self._root_nodes(rec.node_parent.tolist())
+            nodes = rec.node.tolist()
             for r in range(rec.num_transitions):
                 if not math.isnan(float(adv[r])):
                     if masks is not None and bool(masks[bi][r]):
                         tied.add(len(rows))
                     rows.append((bi, r, float(adv[r]), float(weights[r]), groups[r], slots[r]))
+                    chains.append((bi, slots[r], roots[nodes[r]]))
         # normalisation: each group (or tree) weighs the same, whatever its number of transitions
         counts: dict[int, int] = {}
         for row in rows:
@@ -89,7 +106,7 @@ class TransitionLearner(Learner):
         group_ids = sorted(counts)
         skipped_before, probed = policy.skipped_steps, {}
         for epoch in range(t.inner_epochs):
-            for u, selected in enumerate(self._updates(rows, tied, group_ids, rollouts.iteration, epoch)):
+            for u, selected in enumerate(self._updates(rows, tied, group_ids, rollouts.iteration, epoch, chains)):
                 policy.zero_grad()
                 parts = self._micro_batches(selected, rows, t.micro_batch, policy.probe.active)
                 for part, real in policy.matched(parts, lambda: [0] if rows else None):
@@ -135,11 +152,29 @@ class TransitionLearner(Learner):
             metrics[f"log_ratio_step{s}/std"] = float(lr.std()) if lr.numel() > 1 else 0.0
         return metrics
 
-    def _updates(self, rows: list[tuple], tied: set, group_ids: list[int], iteration: int, epoch: int) -> list[list[int]]:
+    @staticmethod
+    def _root_nodes(parents: list[int]) -> list[int]:
+        """The root node of every node of a prompt's tree (children have larger ids than their parents)."""
+        roots = list(range(len(parents)))
+        for node, parent in enumerate(parents):
+            if parent >= 0:
+                roots[node] = roots[parent]
+        return roots
+
+    def _updates(self, rows: list[tuple], tied: set, group_ids: list[int], iteration: int, epoch: int,
+                 chains: list[tuple] | None = None) -> list[list[int]]:
         """The trained rows of each of the pass's train.updates_per_epoch optimizer steps: whole groups (or trees) dealt
-        out in a seeded order, or (update_split=transitions) every trained transition in a seeded shuffle, dealt out."""
+        out in a seeded order, (update_split=transitions) every trained transition in a seeded shuffle, dealt out, or
+        (update_split=samples) every group's chains dealt out (``deal_samples``), each with all its transitions."""
         t = self.cfg.train
         U = t.updates_per_epoch
+        if t.update_split == "samples":
+            by_group: dict[int, dict[tuple, list[int]]] = {}
+            for i, row in enumerate(rows):
+                if i not in tied:
+                    by_group.setdefault(row[4], {}).setdefault(chains[i], []).append(i)
+            dealt = deal_samples({g: sorted(c) for g, c in by_group.items()}, U, t.seed, 11, iteration, epoch)
+            return [sorted(i for g, keys in d.items() for key in keys for i in by_group[g][key]) for d in dealt]
         if t.update_split == "transitions":
             trained = [i for i in range(len(rows)) if i not in tied]
             order = seeded_permutation(len(trained), t.seed, 11, iteration, epoch).tolist()
@@ -183,10 +218,12 @@ class TransitionLearner(Learner):
             # so that lp_θ − lp_old is exactly 0 at the rollout policy (reference backend)
             a, bv, std = likelihood.transition_coefficients(rec.kernel[r], sigma, rec.sigma_next[r], rec.eta[r])
             std = std.to(samplers.compute_dtype(x.dtype))
-            # every no-gradient call first: a copy's weights are swapped into the parameters in place
-            anchor_v = policy.velocity(x, sigma, cond, guidance, weights=self.anchor) if self.anchor is not None else None
-            ref_v = policy.velocity(x, sigma, cond, guidance, weights=REFERENCE) if cfg.loss.kl_coef > 0 else None
-            v = policy.velocity(x, sigma, cond, guidance)
+            # every no-gradient call first: a copy's weights are swapped into the parameters in place; the networks
+            # are told the rollout's timesteps (integer ones with sampling.integer_timesteps)
+            with policy.model.integer_timesteps(cfg.sampling.integer_timesteps):
+                anchor_v = policy.velocity(x, sigma, cond, guidance, weights=self.anchor) if self.anchor is not None else None
+                ref_v = policy.velocity(x, sigma, cond, guidance, weights=REFERENCE) if cfg.loss.kl_coef > 0 else None
+                v = policy.velocity(x, sigma, cond, guidance)
             mean_old = rec.mean[r] if rec.mean is not None else None
             extra_kl = anchor_v is not None or cfg.loss.rollout_kl_coef > 0
             terms = likelihood.transition_terms(
