@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from official import Checkout  # noqa: E402
-from parity import ROOT, write_reports  # noqa: E402
+from parity import ROOT, markdown_table, write_reports  # noqa: E402
 
 CODES = ("flow_grpo", "diffusion_nft", "awm", "dgpo", "dancegrpo", "mixgrpo", "branchgrpo")
 
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("codes", nargs="*", help=f"code bases among {', '.join(CODES)} (default: every one set)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "peer_parity.json"))
+    parser.add_argument("--markdown", help="also write the per-method table (docs/results/peer_parity.md's) here")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.codes) - set(CODES))
     if unknown:
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{code:14s} {report.line()}")
             reports.append(report)
     write_reports(reports, Path(args.out))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown_table(reports))
     print(f"wrote {args.out}: {sum(r.ok for r in reports)} of {len(reports)} methods equal step by step")
     return 0 if all(r.ok for r in reports) else 1
 

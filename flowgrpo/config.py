@@ -242,6 +242,9 @@ class LearnerConfig:
     # draw (the K times drawn with each draw's ε, shared as share_draws says) | iteration (one set of K times per
     # iteration and inner epoch for every sample, ε still per share_draws: DGPO's code)
     share_times: str = "draw"
+    # train at t = ⌊1000t⌋/1000 and tell the network the integer 1000t (DGPO's code trains at its scheduler's integer
+    # timesteps); false: the drawn t as it is
+    integer_times: bool = False
     train_guidance: str = "conditional"  # conditional (CFG-free training) | cfg (sampling.guidance_scale, as the rollout)
     adv_max: float = 5.0  # A_max: advantages clipped to ±A_max (NFT's optimality probability, AWM's scale)
     kl_coef: float = 0.0  # v-space KL to the reference policy: kl_coef·mean_D(v_θ − v_ref)²
@@ -252,7 +255,7 @@ class LearnerConfig:
                              "time_sampler": one_of("plan", "stratified", "uniform", "logit_normal"),
                              "time_min": between(0, 1), "time_max": between(0, 1), "logit_mean": FINITE,
                              "logit_std": above(0), "share_draws": one_of("sample", "group"),
-                             "share_times": one_of("draw", "iteration"),
+                             "share_times": one_of("draw", "iteration"), "integer_times": FLAG,
                              "train_guidance": one_of("conditional", "cfg"), "adv_max": above(0), "kl_coef": at_least(0)}
 
 
@@ -719,6 +722,9 @@ def validate(cfg: Config) -> None:
             "transition learner does not have; set sampling.plan.sa_tau=0 (or another solver), or use a "
             "forward-process learner (--preset awm, diffusion_nft or dgpo)"
         )
+    if cfg.model.family == "analytic" and (cfg.sampling.integer_timesteps or cfg.learner.integer_times):
+        raise ConfigError("sampling.integer_timesteps and learner.integer_times tell a diffusers network an integer "
+                          "timestep; the analytic world's network takes σ itself: set them to false")
     if cfg.sampling.log_prob != "gaussian" and cfg.loss.likelihood_backend == "fused":
         raise ConfigError(f"sampling.log_prob={cfg.sampling.log_prob} is scored by the PyTorch likelihood terms only (the "
                           "fused op scores the Gaussian form); set loss.likelihood_backend=reference (or auto)")

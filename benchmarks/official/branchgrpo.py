@@ -234,6 +234,9 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
         "code.guidance_rollout": fact(r"guidance=torch\.tensor\(\s*\[([\d.]+)\]", float, "run_tree_sample_step"),
         "code.guidance_training": fact(r"guidance=torch\.tensor\(\s*\[([\d.]+)\]", float, "grpo_one_step"),
         "code.timestep": fact(r"timestep_value = (int\(sigma \* 1000\))", function="run_tree_sample_step"),
+        # the training forward's timestep: the same truncation of the edge's σ (grpo_one_step divides it by 1000)
+        "code.timestep_training": fact(r"single_timestep = torch\.tensor\(\[(int\(sigma_schedule\[single_step\] \* 1000\))\]",
+                                       lambda _: "int(sigma * 1000)", "train_one_step_tree"),
         "code.rewarded_sample": fact(r"latent = (pred_original)\[leaf_idx:leaf_idx\+1\]", function="sample_reference_model_tree"),
         "code.vae_scaling_factor": fact(r"unpacked_latent = \(unpacked_latent / ([\d.]+)\) \+ [\d.]+", float,
                                         "sample_reference_model_tree"),

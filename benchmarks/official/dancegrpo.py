@@ -72,6 +72,9 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
         "code.guidance_rollout": fact(r"guidance=torch\.tensor\(\s*\[([\d.]+)\]", float, "run_sample_step"),
         "code.guidance_training": fact(r"guidance=torch\.tensor\(\s*\[([\d.]+)\]", float, "grpo_one_step"),
         "code.timestep": fact(r"timestep_value = (int\(sigma \* 1000\))", function="run_sample_step"),
+        # the training forward's timestep: the same truncation of each step's σ (grpo_one_step divides it by 1000)
+        "code.timestep_training": fact(r"timestep_value = \[(int\(sigma \* 1000\)) for sigma in sigma_schedule\]",
+                                       function="train_one_step"),
         # the sample the reward scores: the last step's x̂0 (pred_original), not the SDE's last x'
         "code.rewarded_sample": fact(r"^\s*latents = (pred_original)$", function="run_sample_step"),
         "code.vae_scaling_factor": fact(r"latents = \(latents / ([\d.]+)\) \+ [\d.]+", float, "sample_reference_model"),

@@ -22,7 +22,7 @@ epsilon and the multi-reward rule.
 from __future__ import annotations
 
 import copy
-from official import Checkout, Launch, code_fact, trace_ml_collections
+from official import Checkout, Launch, Value, code_fact, trace_ml_collections
 
 REPOSITORY = "Luo-Yihong/DGPO"
 ENV = "DGPO_PATH"
@@ -44,6 +44,20 @@ NOTES = {"dgpo": "config/dgpo.py's three SD3.5-Medium runs (Mode 1 of its README
                  "tracker and reward combination"}
 
 
+def _dpm_timestep_dtype(_: str) -> str:
+    """The dtype of diffusers' DPMSolverMultistepScheduler's timesteps with flow sigmas (Sana's scheduler config, as
+    diffusers' scripts/convert_sana_to_diffusers.py writes it): what the DGPO pipeline's t is."""
+    from diffusers import DPMSolverMultistepScheduler
+
+    scheduler = DPMSolverMultistepScheduler(flow_shift=3.0, use_flow_sigmas=True, prediction_type="flow_prediction")
+    scheduler.set_timesteps(10)
+    return str(scheduler.timesteps.dtype)
+
+
+def _annotated(value: Value, note: str) -> Value:
+    return Value(value.value, f"{value.source} ({note})")
+
+
 def code_facts(checkout: Checkout) -> dict:
     """The constants the training script, pipeline, stat tracker and rewards fix, each at its line (``code.*``)."""
     return {
@@ -55,6 +69,12 @@ def code_facts(checkout: Checkout) -> dict:
         "code.flow_shift": code_fact(checkout, SCRIPT, r"pipeline\.scheduler\.config\['flow_shift'\] = ([\d.]+)"),
         # the rollout's σ grid: the pipeline's sigmas default (the training loop passes none): the scheduler's own
         "code.pipeline_sigmas": code_fact(checkout, PIPELINE, r"sigmas: Optional\[List\[float\]\] = (None),", str),
+        # the timestep the rollout tells the transformer: the scheduler's t, whose dtype is
+        # DPMSolverMultistepScheduler's (int64: ⌊1000σ⌋), while scheduler.step steps the float σ
+        "code.rollout_timestep": _annotated(
+            code_fact(checkout, PIPELINE, r"timestep = (t)\.expand\(latent_model_input\.shape\[0\]\)",
+                      _dpm_timestep_dtype, function="pipeline_with_logprob"),
+            "t: diffusers DPMSolverMultistepScheduler.timesteps, its dtype"),
         # the LoRA
         "code.lora_rank": code_fact(checkout, SCRIPT, r"LoraConfig\(\s*r=(\d+)"),
         "code.lora_alpha": code_fact(checkout, SCRIPT, r"LoraConfig\([^)]*lora_alpha=(\d+)"),

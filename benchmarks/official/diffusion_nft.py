@@ -15,7 +15,8 @@ the constants the code fixes, each found by a regular expression that must match
   sample and time), the shuffle of the samples across groups before the epoch's updates, that every sample is
   trained (no filter of tied groups), the pipeline class (its scheduler, hence its shift), the optimizer;
 - the pipeline (flow_grpo/diffusers_patch/pipeline_with_logprob.py): the σ grid left to the scheduler
-  (``sigmas=None``) and the timestep the transformer is given in the rollout (σ·1000 cast to an integer);
+  (``sigmas=None``) and the timestep the transformer is given in the rollout (σ·1000 cast to an integer), where
+  training gives it the scheduler's float timesteps (``code.train_timesteps``, their dtype read from diffusers);
 - the stat tracker's std epsilon and the multi-reward rule (weighted rewards summed).
 """
 
@@ -25,7 +26,7 @@ import ast
 import copy
 import re
 
-from official import Checkout, Launch, code_fact, trace_ml_collections
+from official import Checkout, Launch, Value, code_fact, trace_ml_collections
 
 REPOSITORY = "NVlabs/DiffusionNFT"
 ENV = "DIFFUSION_NFT_PATH"
@@ -47,6 +48,19 @@ REWARDS = "flow_grpo/rewards.py"
 NOTES = {"diffusion_nft": "config/nft.py's five SD3.5-Medium runs (the paper's GenEval, OCR, PickScore, HPSv2 and "
                           "multi-reward tables), 8 GPUs each; code.* keys are constants of the training script, its "
                           "pipeline, stat tracker and reward combination"}
+
+
+def _flow_match_timestep_dtype(_: str) -> str:
+    """The dtype of diffusers' FlowMatchEulerDiscreteScheduler's timesteps (σ·1000), the script's stored timesteps."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    scheduler.set_timesteps(10)
+    return str(scheduler.timesteps.dtype)
+
+
+def _annotated(value: Value, note: str) -> Value:
+    return Value(value.value, f"{value.source} ({note})")
 
 
 def code_facts(checkout: Checkout) -> dict:
@@ -96,6 +110,12 @@ def code_facts(checkout: Checkout) -> dict:
         "code.rollout_timestep_dtype": code_fact(
             checkout, PIPELINE, r"timesteps = torch\.full\(\[latent_model_input\.shape\[0\]\], sigma \* 1000, "
             r"device=z\.device, dtype=(torch\.long)\)", str),
+        # the training times: the rollout scheduler's stored timesteps (FlowMatchEulerDiscreteScheduler's σ·1000,
+        # float), the model told them as they are and x_t mixed at t/1000; integer only in the rollout (above)
+        "code.train_timesteps": _annotated(
+            code_fact(checkout, SCRIPT, r"timesteps = (pipeline\.scheduler\.timesteps)\.repeat\(len\(prompts\), 1\)",
+                      _flow_match_timestep_dtype, function="main"),
+            "diffusers FlowMatchEulerDiscreteScheduler.timesteps, its dtype"),
         # advantages: (r − mean)/(std + eps), population std
         "code.adv_std_eps": code_fact(checkout, STATS, r"std = np\.std\(rewards, axis=0, keepdims=True\) \+ ([\d.e-]+)"),
         # several rewards: the weighted rewards summed, then the advantage of the sum

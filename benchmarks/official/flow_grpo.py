@@ -111,6 +111,15 @@ def _presence(checkout: Checkout, relpath: str, pattern: str) -> Value:
     return Value(False, f"{relpath} (no such line)")
 
 
+def _flow_match_timestep_dtype(_: str) -> str:
+    """The dtype of diffusers' FlowMatchEulerDiscreteScheduler's timesteps (σ·1000), what the pipelines' t is."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    scheduler.set_timesteps(10)
+    return str(scheduler.timesteps.dtype)
+
+
 def code_facts(checkout: Checkout, script: Script, values: dict) -> dict:
     """The constants a launch's script, pipeline and SDE step fix, each at its line (``code.*`` keys)."""
     s = script.path
@@ -136,6 +145,10 @@ def code_facts(checkout: Checkout, script: Script, values: dict) -> dict:
         # the samples are shuffled across groups before they are cut into training batches (not in the Fast scripts,
         # which train the sampling batches in the order drawn)
         "code.shuffles_samples": _presence(checkout, s, r"perm = torch\.randperm\(total_batch_size"),
+        # each sampling batch (over all processes) is m = n·b/k prompts, each repeated k times: whole groups, so the
+        # Fast scripts' optimizer steps (consecutive sampling batches) take whole groups
+        "code.sampling_batch_groups": code_fact(checkout, s, r"(self\.m = self\.total_samples // self\.k)",
+                                                convert=str),
         "code.trained_steps": code_fact(checkout, s, r"train_timesteps = \[step_index  for step_index in (range\(num_train_timesteps\))\]",
                                         convert=str),
         "code.num_train_timesteps": code_fact(
@@ -166,6 +179,13 @@ def code_facts(checkout: Checkout, script: Script, values: dict) -> dict:
             checkout, script.pipeline,
             r"sigmas = (np\.linspace\(1\.0, 1 / num_inference_steps, num_inference_steps\)) if sigmas is None", convert=str)
         facts["code.time_shift"] = code_fact(checkout, script.pipeline, r"mu = (calculate_shift)\(", convert=str)
+    # the timestep the rollout tells the transformer: the scheduler's t (FLUX's divided by 1000), whose dtype is
+    # FlowMatchEulerDiscreteScheduler's (float: σ·1000, not an integer)
+    rollout_t = code_fact(checkout, script.pipeline,
+                          r"timestep = (t)\.expand\((?:latent_model_input|latents)\.shape\[0\]\)",
+                          convert=_flow_match_timestep_dtype, function="pipeline_with_logprob")
+    facts["code.rollout_timestep"] = Value(rollout_t.value, f"{rollout_t.source} (t: diffusers "
+                                           "FlowMatchEulerDiscreteScheduler.timesteps, its dtype)")
     if "sample.sde_type" not in values:  # the script never passes sde_type: sde_step_with_logprob's default
         facts["code.sde_type"] = code_fact(checkout, SDE, r"sde_type: Optional\[str\] = '(\w+)'", convert=str,
                                           function="sde_step_with_logprob")

@@ -72,24 +72,42 @@ def overrides_for(launch: dict) -> list[str]:
     return ["rewards=[" + ", ".join(f"{{name: {n}}}" for n in names) + "]"] if names else []
 
 
+_PLANS: dict = {}  # id(cfg) -> (cfg, its resolved plan and window): one resolution per composed run
+
+
 def effective(cfg, key: str):
     """The value a run uses for ``key``: ``sampling.plan.*`` and ``sampling.window.*`` as the method's plan and
     window resolve them (flowgrpo.config.resolved_plan), every other key as the config holds it."""
-    from omegaconf import OmegaConf
+    import dataclasses
 
     from flowgrpo.config import resolved_plan
 
     section, _, name = key.rpartition(".")
     if section in ("sampling.plan", "sampling.window"):
-        plan, window = resolved_plan(cfg)
+        if _PLANS.get(id(cfg), (None,))[0] is not cfg:
+            _PLANS.clear()
+            _PLANS[id(cfg)] = (cfg, resolved_plan(cfg))
+        plan, window = _PLANS[id(cfg)][1]
         table = plan if section == "sampling.plan" else (window or {})
         if name not in table:
             raise KeyError(f"{key}: the plan of sampling.method={cfg.sampling.method!r} takes no {name!r}")
         return table[name]
-    got = OmegaConf.select(OmegaConf.structured(cfg), key, default=KeyError)
-    if got is KeyError:
-        raise KeyError(f"{key} is not a flowgrpo config key")
-    return OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+    node = cfg
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", key):  # rewards[0].weight or rewards.0.weight: an index
+        index = part.strip("[]")
+        if index.isdigit() and isinstance(node, (list, tuple)) and int(index) < len(node):
+            node = node[int(index)]
+        elif dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}:
+            node = getattr(node, part)
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise KeyError(f"{key} is not a flowgrpo config key")
+    if dataclasses.is_dataclass(node):
+        return dataclasses.asdict(node)
+    if isinstance(node, (list, tuple)):
+        return [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in node]
+    return node
 
 
 def same(want, got) -> bool:

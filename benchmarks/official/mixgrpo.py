@@ -72,6 +72,9 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
         "code.guidance_training": fact(SCRIPT, guidance, function="grpo_one_step"),
         # the model's timestep: int(σ·1000)/1000, floored to a multiple of 1/1000 (rollout and training alike)
         "code.timestep": fact(SAMPLING, r"timestep_value = int\(sigma \* (\d+)\)", function="run_sample_step"),
+        # the training forward's timestep: the same truncation of each step's σ (grpo_one_step divides it by 1000)
+        "code.timestep_training": fact(SCRIPT, r"timestep_value = \[int\(sigma \* (\d+)\) for sigma in sigma_schedule\]",
+                                       function="train_one_step"),
         # the σ grid: T + 1 points linear in t from 1 to 0, then the time shift
         "code.sigma_grid": fact(SCRIPT, r"sigma_schedule = torch\.(linspace)\(1, 0, args\.sampling_steps \+ 1\)",
                                 const("linear"), "sample_reference_model"),

@@ -180,7 +180,7 @@ def section(preset: str) -> tuple[str, list[str]]:
     for fkey in sorted(by_key):
         entry = by_key[fkey]
         official = "; ".join(f"`{okey}` = {_per_launch(vals)}" for okey, vals in sorted(entry["official"].items()))
-        sources = ", ".join(entry["sources"][:3]) + (" ..." if len(entry["sources"]) > 3 else "")
+        sources = entry["sources"][0] + (f" (+{len(entry['sources']) - 1})" if len(entry["sources"]) > 1 else "")
         tiny_cell = "—"
         if tiny is not None:
             try:
@@ -216,13 +216,18 @@ def section(preset: str) -> tuple[str, list[str]]:
     differences = []
     seen = set()
     for row in rows:
-        if row.status == "differs" and (row.official, row.why) not in seen:
-            seen.add((row.official, row.why))
-            values = {r.launch: r.value for r in rows if r.official == row.official and r.status == "differs"}
-            ours = {r.launch: next(iter(r.flowgrpo.values()))[1] for r in rows
-                    if r.official == row.official and r.status == "differs"}
-            differences.append(f"- `{preset}`: official `{row.official}` = {_per_launch(values)}, flowgrpo "
-                               f"`{next(iter(row.flowgrpo))}` = {_per_launch(ours)}: {row.why}")
+        key = (row.official, row.why)
+        if key in seen or not (row.status == "differs" or (row.status == "none" and row.kind == "unsupported")):
+            continue
+        seen.add(key)
+        same_rows = [r for r in rows if r.official == row.official and r.status == row.status]
+        values = _per_launch({r.launch: r.value for r in same_rows})
+        if row.status == "differs":
+            ours = _per_launch({r.launch: next(iter(r.flowgrpo.values()))[1] for r in same_rows})
+            differences.append(f"- `{preset}`: official `{row.official}` = {values}, flowgrpo "
+                               f"`{next(iter(row.flowgrpo))}` = {ours} (deliberate): {row.why}")
+        else:
+            differences.append(f"- `{preset}`: official `{row.official}` = {values}, no flowgrpo setting: {row.why}")
     return "\n".join(lines) + "\n", differences
 
 
@@ -242,7 +247,8 @@ def page() -> str:
         sections.append(text)
         differences += diffs
     head = [INTRO, "## What the recipes do not reproduce", ""]
-    head += ["Where a preset's run deliberately differs from its official launch (each checked to differ):", ""]
+    head += ["Where a preset's run differs from its official launch: deliberately (each checked to differ), or where",
+             "flowgrpo has no setting for what the official code does (its size and the change that would add it):", ""]
     head += differences or ["- nothing: every mapped official value is the run's."]
     for code in sorted({code_of(p) for p in presets}):
         notes = load_map(code).get("notes") or []

@@ -88,6 +88,23 @@ class MethodReport:
                 f"  max|Δx'| {w['x']:.3g}  max|Δlog p| {lp}")
 
 
+def markdown_table(reports: list[MethodReport]) -> str:
+    """One row per compared method: the official code and commit, the steps compared, and the largest |Δσ|, |Δx'| and
+    |Δlog p| over its steps with the largest share of its tolerance any step used."""
+    lines = ["| code | method | commit | steps | stochastic / trained steps equal | max \\|Δσ\\| | max \\|Δx'\\| "
+             "(worst share of tol.) | max \\|Δlog p\\| (worst share of tol.) | equal |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        w = r.worst()
+        flags = all(s.stochastic[0] == s.stochastic[1] and s.trained[0] == s.trained[1] for s in r.steps)
+        x_share = max(s.dx / s.tol_x for s in r.steps if s.tol_x) if r.steps else 0.0
+        logps = [s.dlogp / s.tol_logp for s in r.steps if s.dlogp is not None and s.tol_logp]
+        lp = "—" if w["log_prob"] is None else f"{w['log_prob']:.2g} ({max(logps):.3f})"
+        lines.append(f"| {r.code} | {r.method} | `{r.commit[:7]}` | {len(r.steps)} | {'yes' if flags else 'NO'} | "
+                     f"{w['sigma']:.2g} | {w['x']:.2g} ({x_share:.3f}) | {lp} | {'yes' if r.ok else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_reports(reports: list[MethodReport], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = [{**asdict(r), "ok": r.ok, "worst": r.worst()} for r in reports]

@@ -11,18 +11,22 @@ runs, and with MIX_ODE_SDE_TREE=true), then the statements of ``train_one_step_t
 switches), their shuffle and the loss's per-tree count. Its reward model is a stand-in; the advantages are compared
 on one set of leaf rewards fed to both sides.
 
-As in benchmarks/parity/dancegrpo.py (whose tiny FLUX with FLUX's 16 latent channels, draw feeder and ``torch``
-stand-in this uses): the same model, text embeddings, x_T and every SDE edge's ε on both sides (the official
-``randn_like`` of each node and child, in its order: node by node, child by child); the official bfloat16 casts (it
-stores every node's latent in bfloat16) run at float32; flowgrpo's transformer gets the official step's timestep
-int(σ·1000)/1000 (code.timestep; of its float32 grid, whose σ_6 = 0.87499994 truncates to 874), its drift without
-it is a note.
+As in benchmarks/parity/dancegrpo.py (whose tiny FLUX with FLUX's 16 latent channels, draw feeder, ``torch``
+stand-in and rollout this uses): the same model, text embeddings, x_T and every SDE edge's ε on both sides (the
+official ``randn_like`` of each node and child, in its order: node by node, child by child); the official bfloat16
+casts (it stores every node's latent in bfloat16) run at float32.
 
 flowgrpo's side is the preset's plan as its recipe resolves on FLUX.1-dev with ``sampling.plan.split_noise=
 scaled_compat``, the code's split noise (each child μ + s·c·η_b with its own η_b, scored with s): flowgrpo's default is
 the paper's correlated form, a deliberate difference (docs/official/map/branchgrpo.yaml, code.split_noise) that the
-notes measure on flowgrpo's own default rollout. Rows: one per step: σ → σ', whether each side draws noise there and
-trains the step's edges, the largest |Δx'| over the level's nodes and |Δlog p| over its edges.
+notes measure on flowgrpo's own default rollout. The rest is the recipe's: the float32 grid (grid linear_float32, whose
+σ_6 = 0.87499994 as the official's), the network told ⌊1000σ⌋ (sampling.integer_timesteps, inside
+``model.integer_timesteps`` as flowgrpo's rollout runs it), the last step trained (sampling.plan.train_last) and the
+leaves' samples the last step's x̂0 (sampling.plan.leaf=predicted). Rows: one per step: σ → σ', whether each side draws
+noise there and trains the step's edges, the largest |Δx'| over the level's nodes and |Δlog p| over its edges. Notes:
+the rewarded samples, the depth-wise advantages of one set of leaf rewards (flowgrpo's ``credit.assign``,
+advantage.std_correction), the trained transitions per tree, and controls with each option off (integer timesteps,
+the float32 grid, the last step's training, the leaf rule, the std correction), each computed in the same run.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: flo
 from official import Checkout  # noqa: E402
 from parity import MethodReport, StepRow, max_diff, tolerance  # noqa: E402
 from parity.dancegrpo import (  # noqa: E402
-    PROMPT, Feeder, VaeProbe, body_slice, launch_args, log_prob_tolerance, official_timesteps, official_workdir, ours,
-    progress, resolved, reward_standin, scored, tiny_flux, torch_standin,
+    PROMPT, Feeder, VaeProbe, advantages, body_slice, launch_args, log_prob_tolerance, official_workdir, ours, progress,
+    resolved, reward_standin, scored, tiny_flux, torch_standin,
 )
 
 SCRIPT = "fastvideo/train_branchgrpo_flux.py"
@@ -116,16 +120,18 @@ def levels_of(leaves: list) -> list[list]:
     return levels
 
 
-def compare(checkout: Checkout, preset: str, folder: str, split_noise: str = "scaled_compat") -> MethodReport:
+def compare(checkout: Checkout, preset: str, folder: str, split_noise: str = "scaled_compat",
+            overrides: tuple[str, ...] = ()) -> MethodReport:
     import official.branchgrpo as code
 
-    from flowgrpo.engine.credit import tree_advantages
+    from flowgrpo.config import plan_schedule
     from flowgrpo.models.base import load_model
 
     name, _, model_name, rewards = code.RUNS[preset]
-    report = MethodReport("branchgrpo", f"{preset} (flux_dev recipe, split_noise={split_noise})", checkout.repository,
-                          checkout.commit_of(SCRIPT), "")
-    cfg = resolved(preset, folder, rewards, (f"sampling.plan.split_noise={split_noise}",), model_name)
+    more = "".join(f", {o}" for o in overrides)
+    report = MethodReport("branchgrpo", f"{preset} (flux_dev recipe, split_noise={split_noise}{more})",
+                          checkout.repository, checkout.commit_of(SCRIPT), "")
+    cfg = resolved(preset, folder, rewards, (f"sampling.plan.split_noise={split_noise}",) + tuple(overrides), model_name)
     model = load_model(cfg.model)
     model.transformer.eval()
     cond = model.encode_prompts([PROMPT])
@@ -134,8 +140,8 @@ def compare(checkout: Checkout, preset: str, folder: str, split_noise: str = "sc
     official = Official(checkout, args)
     report.official = official.where + f"; {name} (h, w = {args.h}: the tiny latents)"
 
-    plain = ours(cfg, model, cond)  # flowgrpo as it runs: its draws are fed to the official code
-    plan, record, T = plain.plan, plain.record, plain.plan.num_steps
+    mine = ours(cfg, model, cond)  # flowgrpo as its rollout runs: its draws are fed to the official code
+    plan, record, T = mine.plan, mine.record, mine.plan.num_steps
     pack = official.namespace(Feeder([], []))["pack_latents"]
 
     def packed(x):  # [N, C, h, w] -> the official [N, tokens, 4C]
@@ -144,7 +150,7 @@ def compare(checkout: Checkout, preset: str, folder: str, split_noise: str = "sc
     # the official draw order: x_T, then step by step, node by node, child by child; scaled_compat's recorded ε is c·η
     stochastic = [i for i, s in enumerate(plan.steps) if s.stochastic]
     noise = []
-    for i, eps in zip(stochastic, plain.draws):
+    for i, eps in zip(stochastic, mine.draws):
         compat = plan.steps[i].branch > 1 and plan.steps[i].split_noise == "scaled_compat"
         scale = plan.steps[i].split_noise_scale if compat else 1.0
         noise += [packed(eps[e, f:f + 1] / scale) for e in range(eps.shape[0]) for f in range(eps.shape[1])]
@@ -155,9 +161,6 @@ def compare(checkout: Checkout, preset: str, folder: str, split_noise: str = "sc
         torch.randperm(len(levels[-1]), generator=torch.Generator().manual_seed(0))]
     selection = official.select(theirs, leaf_rewards)
     feeder.used_up()
-    timestep = official_timesteps(plan.sigmas, theirs.sigmas)
-    mine = ours(cfg, model, cond, timestep)  # the same draws, the model given the official timesteps
-    record = mine.record
 
     sig = plan.sigmas.to(torch.float32).tolist()
     theirs_sig = theirs.sigmas.to(torch.float32).tolist()
@@ -196,37 +199,43 @@ def compare(checkout: Checkout, preset: str, folder: str, split_noise: str = "sc
                         f"(its loss divides by GA x {per_tree}; the extraction derives "
                         f"{code.trained_transitions_per_tree(code.launches(checkout, preset)[0].values).value}), "
                         f"flowgrpo's {record.num_transitions}")
-    if preset == "branchgrpo":
-        report.notes.append(f"known difference: the official trains the last step's {len(levels[-1])} edges "
-                            f"(step {T - 1}: σ {sig[T - 1]:.3f} -> 0), flowgrpo never trains a plan's last step "
-                            "(code.trained_edges; the row of step 19 differs in 'trained' alone)")
+    no_last = plan_schedule(changed(cfg, train_last=False), model).plan(0)
+    report.notes.append(f"control, sampling.plan.train_last=false: flowgrpo trains steps "
+                        f"{[i for i, s in enumerate(no_last.steps) if s.trained]} (the official "
+                        f"{sorted(trained_theirs)})")
 
-    # the depth-wise advantages of one set of leaf rewards
-    values = record.node_values(leaf_rewards)  # leaves in level order on both sides (a prompt's last level)
-    ours_adv = tree_advantages(values, record.node_depth, cfg.advantage.eps)[0]
+    # the depth-wise advantages of one set of leaf rewards, as the trainer assigns them (each edge its child's)
     theirs_adv = selection["node_advantages"]
+    node_of = {first_id[depth] + k: node.node_id for depth, nodes in enumerate(levels) for k, node in enumerate(nodes)}
+    size_of = {first_id[depth] + k: len(nodes) for depth, nodes in enumerate(levels) for k, _ in enumerate(nodes)}
+    _, edge_adv = advantages(cfg, record, plan, leaf_rewards)  # leaves in level order on both sides
+    official_edge = torch.tensor([float(theirs_adv[node_of[n]]) for n in record.node.tolist()])
+    report.notes.append(
+        f"depth-wise advantages of one set of leaf rewards (credit.assign, advantage.std_correction="
+        f"{cfg.advantage.std_correction}) of every trained edge: max |Δ| {max_diff(edge_adv, official_edge, 'adv'):.3g} "
+        f"(tolerance {tolerance(torch.cat([edge_adv, official_edge])):.3g})")
+    _, control = advantages(cfg, record, plan, leaf_rewards, std_correction=0)
     ratios = {}
-    for depth, nodes in enumerate(levels):
-        for k, node in enumerate(nodes):
-            a, b = float(ours_adv[first_id[depth] + k]), float(theirs_adv[node.node_id])
-            if abs(b) > 1e-6:
-                ratios.setdefault((depth, len(nodes)), []).append(a / b)
-    summary = sorted({(n, round(sum(r) / len(r), 4)) for (_, n), r in ratios.items()})
-    report.notes.append("depth-wise advantages of one set of leaf rewards, flowgrpo's / the official per depth size "
-                        f"(nodes, ratio): {summary} = sqrt(n/(n-1)): its population std (code.advantage_std)")
+    for n, a, b in zip(record.node.tolist(), control.tolist(), official_edge.tolist()):
+        if abs(b) > 1e-6:
+            ratios.setdefault(size_of[n], []).append(a / b)
+    summary = sorted((n, round(sum(r) / len(r), 4)) for n, r in ratios.items())
+    report.notes.append("control, std_correction=0: flowgrpo's / the official advantages per depth size "
+                        f"(nodes, ratio): {summary} = sqrt(n/(n-1)): the population std")
 
-    # the reward's sample: the last step's x̂0
+    # the reward's samples: each leaf's last-step x̂0
     shift, scale = (code.code_facts(checkout)[k].value for k in ("code.vae_shift_factor", "code.vae_scaling_factor"))
     x0 = torch.cat([pack((d - shift) * scale, 1, channels, h, w) for d in theirs.decoded])
-    own = packed(mine.states[T - 1] - sig[T - 1] * mine.velocities[T - 1])
-    leaves = packed(mine.states[-1])
+    leaves, last_x = packed(mine.leaf), packed(mine.states[-1])
     report.notes.append(
-        f"the rewarded sample: the official decodes each leaf's last-step x̂0 (flowgrpo's x - σ v of its last step within "
-        f"{max_diff(own, x0, 'x0'):.3g}); flowgrpo decodes the leaf x', RMS {float((leaves.double() - x0.double()).pow(2).mean().sqrt()):.3g} away"
+        f"the rewarded sample: flowgrpo's samples (sampling.plan.leaf={plan.leaf}) against the latents the official "
+        f"code decodes (each leaf's last-step x̂0): max |Δ| {max_diff(leaves, x0, 'leaf'):.3g} (tolerance "
+        f"{tolerance(torch.cat([leaves, x0])):.3g}); control, the leaf x' (leaf=sample): RMS "
+        f"{float((last_x.double() - x0.double()).pow(2).mean().sqrt()):.3g} away"
         + (" (the last step is an ODE step here: the same up to rounding)" if not plan.steps[T - 1].stochastic else ""))
 
     # flowgrpo's default split noise (correlated, the paper's) on its own rollout, against the code's form
-    default = ours(resolved(preset, folder, rewards, (), model_name), model, cond, timestep)
+    default = ours(resolved(preset, folder, rewards, tuple(overrides), model_name), model, cond)
     splits = [i for i, s in enumerate(plan.steps) if s.branch > 1]
 
     def second_moment(run, lp_of):
@@ -260,12 +269,29 @@ def compare(checkout: Checkout, preset: str, folder: str, split_noise: str = "sc
         report.notes.append(f"the window (non-split SDE steps): the official's {sorted(drawn - set(splits))} in every "
                             f"iteration; flowgrpo's by iteration {later} (progressive, code.mix_window_start)")
 
-    most = max(max_diff(packed(plain.states[i + 1]), torch.cat([n.latent.float() for n in levels[i + 1]]), "x'")
-               for i in range(T))
+    # the options off, one at a time: the network told 1000σ; the float64 linear grid (σ_6 = 0.875: timestep 875)
     top = max(float(torch.cat([n.latent.float() for n in level]).abs().max()) for level in levels)
-    report.notes.append(f"without the timestep's truncation (flowgrpo's adapter feeds σ): max |Δx'| {most:.3g}, "
-                        f"{most / top:.2g} of max |x'|")
+    for what, change in (("sampling.integer_timesteps=false", dict(integer_timesteps=False)),
+                         ("sampling.plan.grid=linear", dict(grid="linear"))):
+        other = ours(changed(cfg, **change), model, cond)
+        gaps = [max_diff(packed(other.states[i + 1]), torch.cat([n.latent.float() for n in levels[i + 1]]), "x'")
+                for i in range(T)]
+        tols = [tolerance(torch.cat([n.latent.float() for n in levels[i + 1]])) for i in range(T)]
+        first = next((i for i in range(T) if gaps[i] > tols[i]), None)
+        report.notes.append(f"control, {what}: max |Δx'| {max(gaps):.3g}, {max(gaps) / top:.2g} of max |x'|; first step "
+                            f"beyond tolerance {first}")
     return report
+
+
+def changed(cfg, integer_timesteps: bool | None = None, **plan):
+    """``cfg`` with sampling.integer_timesteps and sampling.plan entries changed (a control)."""
+    import dataclasses
+
+    sampling = cfg.sampling
+    if integer_timesteps is not None:
+        sampling = dataclasses.replace(sampling, integer_timesteps=integer_timesteps)
+    sampling = dataclasses.replace(sampling, plan={**sampling.plan, **plan})
+    return dataclasses.replace(cfg, sampling=sampling)
 
 
 def kernel_std(step, sigma: float, sigma_next: float) -> float:
@@ -274,11 +300,13 @@ def kernel_std(step, sigma: float, sigma_next: float) -> float:
     return float(kernel_coefficients(step.kernel, sigma, sigma_next, step.eta)[2][0])
 
 
-def run(checkout: Checkout, presets: tuple[str, ...] = PRESETS, split_noise: str = "scaled_compat") -> list[MethodReport]:
-    """One report per preset (``split_noise``: flowgrpo's split noise; the code's form by default)."""
+def run(checkout: Checkout, presets: tuple[str, ...] = PRESETS, split_noise: str = "scaled_compat",
+        overrides: tuple[str, ...] = ()) -> list[MethodReport]:
+    """One report per preset (``split_noise``: flowgrpo's split noise, the code's form by default; ``overrides``:
+    more of flowgrpo's settings changed, a negative control)."""
     with tempfile.TemporaryDirectory(prefix="branchgrpo-parity-") as tmp:
         folder = tiny_flux(Path(tmp) / "tiny_flux_dev")
-        return [compare(checkout, preset, folder, split_noise) for preset in presets]
+        return [compare(checkout, preset, folder, split_noise, overrides) for preset in presets]
 
 
 if __name__ == "__main__":  # python benchmarks/parity/branchgrpo.py (BRANCHGRPO_PATH set)

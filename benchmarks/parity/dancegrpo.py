@@ -15,19 +15,22 @@ scheduler config), with 16 latent channels (a 64-channel transformer, a 16-chann
 hard-codes FLUX's 16; its VAE downsamples 2x where the code assumes 8x, so the official ``h``/``w`` are 4x flowgrpo's
 resolution (the same 8 x 8 latents). flowgrpo's side is the preset's plan as its recipe resolves on FLUX.1-dev
 (``resolve("dancegrpo", "flux_dev", rewards)``, the tiny weights swapped in), rolled out by ``samplers.rollout``
-through the FLUX adapter. Both sides get the same text embeddings (flowgrpo's ``encode_prompts``), x_T and every
-step's ε (the official ``torch.randn`` / ``randn_like`` are fed flowgrpo's draws, packed into its token layout), and the
-official ``torch.randperm`` of the trained steps is fed the permutation flowgrpo drew for each sample, so the rule
-(how many, of which steps, per sample) is what is compared. The official code's bfloat16 casts (x_T is drawn in
-bfloat16) and its CUDA autocast are run at float32 (its ``torch`` is a stand-in whose ``bfloat16`` is float32), so the
-comparison is at float32 tolerance.
+through the FLUX adapter as flowgrpo's rollout runs it: inside ``model.integer_timesteps(sampling.integer_timesteps)``
+(the recipe's true: the network told ⌊1000σ⌋ of the float32 grid, sampling.plan.grid=linear_float32, as the official
+int(σ·1000)), with the recipe's leaf (predicted: the samples are the last step's x̂0). Both sides get the same text
+embeddings (flowgrpo's ``encode_prompts``), x_T and every step's ε (the official ``torch.randn`` / ``randn_like`` are
+fed flowgrpo's draws, packed into its token layout), and the official ``torch.randperm`` of the trained steps is fed
+the permutation flowgrpo drew for each sample, so the rule (how many, of which steps, per sample) is what is compared.
+The official code's bfloat16 casts (x_T is drawn in bfloat16) and its CUDA autocast are run at float32 (its ``torch``
+is a stand-in whose ``bfloat16`` is float32), so the comparison is at float32 tolerance.
 
-One official difference is taken out of the comparison and measured beside it: the official transformer gets the
-timestep int(σ·1000)/1000 of its float32 grid, flowgrpo's FLUX adapter σ. flowgrpo's velocity is called with the
-official step's truncated σ (only the model's input; the grid and the kernels keep σ), as the proposed
-``model.timestep_rounding=floor`` would (docs/official/map/dancegrpo.yaml, code.timestep); the notes give the largest
-x' difference without it (flowgrpo's rollout as it runs, whose draws are the ones fed to the official code). The notes also give what the reward scores (the
-official: the last step's x̂0; flowgrpo: the last x') and the advantages of one set of rewards on both sides.
+Beside the rows, the notes compare (each against float32 ulps of its values, and each with a negative control: the
+option off, computed in the same run): the rewarded sample (flowgrpo's leaves, sampling.plan.leaf, against the
+latents the official code decodes for its reward; control: the last x'), the advantages of one set of rewards
+(flowgrpo's ``credit.assign`` with the recipe's advantage section, advantage.std_correction, against the official
+statements; control: std_correction 0), the optimizer steps' composition (flowgrpo's TransitionLearner split,
+train.update_split=samples, against the official loop's steps every gradient_accumulation_steps samples; control:
+update_split=groups), and the rollout with sampling.integer_timesteps=false (the network told 1000σ).
 
 Rows: one per (sample, step), sample-major: σ → σ' on each side, whether each side draws noise there and trains it,
 |Δx'| and |Δlog p| against float32 tolerances of the values (the log-prob's of its terms' magnitude: its −log s and
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -89,20 +93,6 @@ def resolved(preset: str, folder: str, rewards: list[str], overrides: tuple[str,
             f"model.resolution={RESOLUTION}", "model.device=cpu", "model.max_sequence_length=16",
             "model.dtype=float32", "model.gradient_checkpointing=false"]
     return resolve(preset, model, base + list(overrides)).config
-
-
-def official_timesteps(our_sigmas: torch.Tensor, their_sigmas: torch.Tensor):
-    """The model input σ of the official code for each of flowgrpo's grid points: int(σ·1000)/1000 of the official
-    σ at the same step (its own float32 grid: at 20 steps its σ_6 is 0.87499994, so the timestep is 874 where
-    flowgrpo's σ_6 = 0.875 would truncate to 875). -> a function of flowgrpo's σ [N] for its velocity calls."""
-    ours32 = our_sigmas.to(torch.float32)
-    table = torch.tensor([int(s * 1000) for s in their_sigmas.to(torch.float32)], dtype=torch.long)
-
-    def timestep(sigma: torch.Tensor) -> torch.Tensor:
-        index = (ours32.to(sigma.device).unsqueeze(0) - sigma.to(torch.float32).reshape(-1, 1)).abs().argmin(1)
-        return (table.to(sigma.device)[index] / 1000).to(torch.float32).reshape(sigma.shape)
-
-    return timestep
 
 
 # ---------------------------------------------------------------------------------------------------- the official code
@@ -244,10 +234,31 @@ def launch_args(checkout: Checkout, module, preset: str, latent_hw: tuple[int, i
 
 
 # ---------------------------------------------------------------------------------------------------- flowgrpo
-def ours(cfg, model, cond, timestep=None, iteration: int = 0):
-    """flowgrpo's rollout of the preset's plan: plan, record, the states and velocities of every level (in the level's
-    node order), the step ε's it drew (per step, [nodes, children, *latent]) and the permutations of its training
-    subsets. ``timestep``: the σ the model gets for a step's σ (the official truncation; None: σ itself)."""
+@contextlib.contextmanager
+def recorded_next_states():
+    """Inside, flowgrpo's executor keeps each step's next level as its kernels computed it (step -> [nodes, *latent]),
+    before a leaf rule replaces the last one (sampling.plan.leaf=predicted: the samples are the last step's x̂0)."""
+    import samplers.executor as executor
+
+    original, levels = executor._Run.apply, {}
+
+    def apply(self, i, *args, **kwargs):
+        out = original(self, i, *args, **kwargs)
+        levels[i] = out.detach().clone()  # a level in several edge groups: the last call returns it whole
+        return out
+
+    executor._Run.apply = apply
+    try:
+        yield levels
+    finally:
+        executor._Run.apply = original
+
+
+def ours(cfg, model, cond, iteration: int = 0):
+    """flowgrpo's rollout of the preset's plan as its rollout runs it (the network told integer timesteps with
+    sampling.integer_timesteps): plan, record, the states and velocities of every level (in the level's node order;
+    ``states[T]`` the last step's x' as its kernel drew it, ``leaf`` the samples the rewards score), the step ε's it
+    drew (per step, [nodes, children, *latent]) and the permutations of its training subsets."""
     import samplers
     from flowgrpo.config import plan_schedule
 
@@ -256,7 +267,7 @@ def ours(cfg, model, cond, timestep=None, iteration: int = 0):
     levels: list[tuple[float, torch.Tensor, torch.Tensor]] = []
 
     def velocity(x, sigma, cond_index):
-        v = base(x, sigma if timestep is None else timestep(sigma), cond_index)
+        v = base(x, sigma, cond_index)
         s = float(sigma.reshape(-1)[0])
         if levels and levels[-1][0] == s:  # a level in several chunks
             levels[-1] = (s, torch.cat([levels[-1][1], x]), torch.cat([levels[-1][2], v]))
@@ -273,15 +284,56 @@ def ours(cfg, model, cond, timestep=None, iteration: int = 0):
 
     torch.randperm = recorded_randperm
     try:
-        with recorded_step_noise() as draws, torch.no_grad():
+        with recorded_step_noise() as draws, recorded_next_states() as drawn, torch.no_grad(), \
+                model.integer_timesteps(cfg.sampling.integer_timesteps):
             record = samplers.rollout(
                 velocity, plan, prompt_ids=[0], latent_shape=model.latent_shape(), seed=cfg.train.seed,
                 iteration=iteration, dtype=model.dtype, device=model.device, max_batch=cfg.sampling.max_batch,
                 reduce=cfg.sampling.reduce, log_prob_form=cfg.sampling.log_prob)
     finally:
         torch.randperm = randperm
-    return SimpleNamespace(plan=plan, record=record, states=[x for _, x, _ in levels] + [record.leaf_state],
-                           velocities=[v for _, _, v in levels], draws=draws, perms=perms)
+    last = plan.num_steps - 1
+    return SimpleNamespace(plan=plan, record=record, states=[x for _, x, _ in levels] + [drawn[last]],
+                           leaf=record.leaf_state, velocities=[v for _, _, v in levels], draws=draws, perms=perms)
+
+
+def advantages(cfg, record, plan, leaf_rewards: torch.Tensor, **changes):
+    """flowgrpo's advantages of the rollout for ``leaf_rewards`` [leaves] or [leaves, rewards] (in leaf order), as the
+    trainer assigns them (``credit.assign`` with the run's advantage section and reward weights; ``changes``: fields of that
+    section changed, a control): (per leaf, per stored transition)."""
+    import dataclasses
+
+    from flowgrpo.engine import credit
+
+    section = dataclasses.replace(cfg.advantage, **changes)
+    weights = torch.tensor([spec.weight for spec in cfg.rewards], dtype=torch.float32)
+    rewards = leaf_rewards if leaf_rewards.dim() == 2 else leaf_rewards.reshape(-1, 1)
+    out, _ = credit.assign([record], [[0]], rewards.to(torch.float32), weights, section,
+                           plan.branches, lambda t: t, 0)
+    return out.leaves[0], out.transitions[0]
+
+
+def update_composition(cfg, record, **changes) -> list[dict[int, int]]:
+    """The optimizer steps of one pass as flowgrpo's transition learner deals them (TransitionLearner._updates with the
+    run's train section; ``changes``: fields of it changed, a control): per step, root (sample) -> its transitions."""
+    import dataclasses
+
+    from flowgrpo.engine.learners.transition import TransitionLearner
+
+    conf = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **changes))
+    gpp = record.groups_per_prompt
+    roots = TransitionLearner._root_nodes(record.node_parent.tolist())
+    rows = [(0, r, 0.0, 1.0, int(record.group[r]) % gpp, 0) for r in range(record.num_transitions)]
+    chains = [(0, 0, roots[int(record.node[r])]) for r in range(record.num_transitions)]
+    learner = SimpleNamespace(cfg=conf)
+    steps = TransitionLearner._updates(learner, rows, set(), sorted({row[4] for row in rows}), 0, 0, chains)
+    out = []
+    for selected in steps:
+        count: dict[int, int] = {}
+        for i in selected:
+            count[chains[i][2]] = count.get(chains[i][2], 0) + 1
+        out.append(dict(sorted(count.items())))
+    return out
 
 
 def log_prob_tolerance(values: torch.Tensor, plan, i: int) -> float:
@@ -357,7 +409,6 @@ def run(checkout: Checkout, overrides: tuple[str, ...] = ()) -> list[MethodRepor
     import official.dancegrpo as code
     from diffusers import FluxPipeline
 
-    from flowgrpo.engine.credit import group_zscore
     from flowgrpo.models.base import load_model
 
     name, (model_name, rewards) = next(iter(code.RUNS.items()))
@@ -374,20 +425,17 @@ def run(checkout: Checkout, overrides: tuple[str, ...] = ()) -> list[MethodRepor
         official = Official(checkout, args)
         report.official = official.where + f"; {name} (h, w = {args.h}: the tiny latents)"
 
-        plain = ours(cfg, model, cond)  # flowgrpo as it runs: its draws are fed to the official code
-        plan, record, G, T = plain.plan, plain.record, plain.plan.roots_per_prompt, plain.plan.num_steps
+        mine = ours(cfg, model, cond)  # flowgrpo as its rollout runs: its draws are fed to the official code
+        plan, record, G, T = mine.plan, mine.record, mine.plan.roots_per_prompt, mine.plan.num_steps
         pack = official.namespace(Feeder([], []))["pack_latents"]
 
         def packed(x):  # [N, C, h, w] -> the official [N, tokens, 4C]
             return pack(x.to(torch.float32), x.shape[0], channels, h, w)
 
         # the official draw order: one x_T, then sample by sample, step by step, one ε each
-        noise = [packed(plain.draws[i][g:g + 1, 0]) for g in range(G) for i in range(T)]
-        feeder = Feeder([record.root_state[:1].to(torch.float32)], noise, plain.perms)
+        noise = [packed(mine.draws[i][g:g + 1, 0]) for g in range(G) for i in range(T)]
+        feeder = Feeder([record.root_state[:1].to(torch.float32)], noise, mine.perms)
         theirs = official.sample(feeder, model.transformer, model.vae, cond, G, PROMPT)
-        # flowgrpo again, its model given the official timesteps (the same draws: they depend on the seeds alone)
-        mine = ours(cfg, model, cond, official_timesteps(plan.sigmas, theirs.sigmas))
-        record = mine.record
         rewards_fed = torch.linspace(0.20, 0.31, G)[torch.randperm(G, generator=torch.Generator().manual_seed(0))]
         selection = official.select(feeder, theirs, rewards_fed)
         feeder.used_up()
@@ -403,15 +451,15 @@ def run(checkout: Checkout, overrides: tuple[str, ...] = ()) -> list[MethodRepor
             drawn[loop][step] = True
         leaf = record.transition_values(torch.arange(record.num_leaves, dtype=torch.float64)).round().long()
         roots = record.leaf_root[leaf]
-        leaf_of_root = {int(r): k for k, r in enumerate(record.leaf_root.tolist())}
+        by_root = [int(k) for k in torch.argsort(record.leaf_root)]  # the last level's rows (leaf order) by sample
         stored = {(int(r), int(s)): float(lp) for r, s, lp in zip(roots, record.step, record.log_prob)}
-        ours_x = [packed(s) for s in mine.states[:-1]] + [packed(mine.states[-1][[leaf_of_root[g] for g in range(G)]])]
+        states = mine.states[:-1] + [mine.states[-1][by_root]]
+        ours_x = [packed(s) for s in states]
         restored = 0.0
         for g in range(G):
             for i in range(T):
                 x_ours, x_theirs = ours_x[i + 1][g], theirs.latents[g, i + 1].to(torch.float32)
-                x_next = mine.states[i + 1][g:g + 1] if i < T - 1 else mine.states[-1][leaf_of_root[g]:leaf_of_root[g] + 1]
-                lp = scored(plan, cfg, i, mine.states[i][g:g + 1], mine.velocities[i][g:g + 1], x_next)
+                lp = scored(plan, cfg, i, states[i][g:g + 1], mine.velocities[i][g:g + 1], states[i + 1][g:g + 1])
                 if (g, i) in stored:
                     restored = max(restored, abs(stored[(g, i)] - float(lp)))
                 lp_theirs = theirs.log_probs[g, i:i + 1].to(torch.float32)
@@ -428,39 +476,74 @@ def run(checkout: Checkout, overrides: tuple[str, ...] = ()) -> list[MethodRepor
                             "permutation fed to both")
         shared = bool((record.root_state == record.root_state[:1]).all())
         report.notes.append(f"x_T: one official draw for the group (--init_same_noise); flowgrpo's roots all equal: {shared}")
+        mine_told = told(model, plan, cfg.sampling.integer_timesteps)
+        report.notes.append(f"timesteps: the official int(σ·1000) of every step equal to the one flowgrpo's network is "
+                            f"told: {list(steps_of) == mine_told} (sampling.integer_timesteps="
+                            f"{cfg.sampling.integer_timesteps}, grid {plan_grid(cfg)}; the official {list(steps_of)})")
 
-        # what the reward scores
+        # what the reward scores: the official decodes the last step's x̂0
         x0 = [(d - code_value(checkout, code, "code.vae_shift_factor")) * code_value(checkout, code, "code.vae_scaling_factor")
               for d in theirs.decoded]
         x0 = torch.cat([FluxPipeline._pack_latents(x, 1, channels, h, w) for x in x0])
-        last = T - 1
-        own_x0 = packed(mine.states[last] - sig[last] * mine.velocities[last])
-        leaves = ours_x[-1]
+        leaves, last_x = packed(mine.leaf[by_root]), ours_x[-1]
         report.notes.append(
-            f"the rewarded sample: the official decodes the last step's x̂0 (equal to flowgrpo's x - σ v of its last step "
-            f"within {max_diff(own_x0, x0, 'x0'):.3g}); flowgrpo decodes the last x', {max_diff(leaves, x0, 'leaf'):.3g} "
-            f"away at most, RMS {float((leaves.double() - x0.double()).pow(2).mean().sqrt()):.3g} (the last step's noise, "
-            f"std {float(kernel_coefficients('dance_sde', sig[last], 0.0, plan.steps[last].eta)[2][0]):.3g})")
+            f"the rewarded sample: flowgrpo's samples (sampling.plan.leaf={plan.leaf}) against the latents the official "
+            f"code decodes (its last step's x̂0): max |Δ| {max_diff(leaves, x0, 'leaf'):.3g} (tolerance "
+            f"{tolerance(torch.cat([leaves, x0])):.3g}); control, the last step's x' (leaf=sample): RMS "
+            f"{float((last_x.double() - x0.double()).pow(2).mean().sqrt()):.3g} away (the last step's noise, std "
+            f"{float(kernel_coefficients('dance_sde', sig[T - 1], 0.0, plan.steps[T - 1].eta)[2][0]):.3g})")
 
-        # the advantages of one set of rewards
-        official_adv = selection["samples"]["advantages"].to(torch.float64)
-        ours_adv, _ = group_zscore(rewards_fed, torch.zeros(G, dtype=torch.long), cfg.advantage.std, cfg.advantage.eps)
-        ratio = float((ours_adv.double() / official_adv).mean())
-        report.notes.append(f"advantages of rewards {rewards_fed.min():.2f}..{rewards_fed.max():.2f}: flowgrpo's / the "
-                            f"official = {ratio:.4f} (sqrt(G/(G-1)) = {math.sqrt(G / (G - 1)):.4f}: its population std, "
-                            "code.advantage_std)")
+        # the advantages of one set of rewards, as the trainer assigns them
+        official_adv = selection["samples"]["advantages"].to(torch.float32)  # by sample
+        fed = rewards_fed[record.leaf_root]  # in flowgrpo's leaf order
+        adv, _ = advantages(cfg, record, plan, fed)
+        adv = adv[by_root]
+        control, _ = advantages(cfg, record, plan, fed, std_correction=0)
+        ratio = float((control[by_root].double() / official_adv.double()).mean())
+        report.notes.append(
+            f"advantages of rewards {rewards_fed.min():.2f}..{rewards_fed.max():.2f} (credit.assign, advantage."
+            f"std_correction={cfg.advantage.std_correction}): max |Δ| {max_diff(adv, official_adv, 'advantages'):.3g} "
+            f"(tolerance {tolerance(torch.cat([adv, official_adv])):.3g}); control, std_correction=0: flowgrpo's / the "
+            f"official = {ratio:.4f} (sqrt(G/(G-1)) = {math.sqrt(G / (G - 1)):.4f})")
 
-        # the timestep's truncation alone
-        plain_x = torch.stack([packed(s) for s in plain.states[1:-1]] +
-                              [packed(plain.states[-1][[leaf_of_root[g] for g in range(G)]])], 1)
-        most = float((plain_x.double() - theirs.latents[:, 1:].double()).abs().max())
-        report.notes.append(f"without the timestep's truncation (flowgrpo's adapter feeds σ): max |Δx'| {most:.3g}, "
+        # the optimizer steps: the official steps after every gradient_accumulation_steps samples of the group
+        per_step = args.gradient_accumulation_steps
+        official_steps = [list(range(s, min(s + per_step, G))) for s in range(0, G, per_step)]
+        steps = update_composition(cfg, record)
+        control = update_composition(cfg, record, update_split="groups")
+        report.notes.append(
+            f"optimizer steps: the official {[len(s) for s in official_steps]} samples a step (every "
+            f"{per_step} in rollout order, each with its {count} trained steps); flowgrpo's (train.update_split="
+            f"{cfg.train.update_split}) {[len(s) for s in steps]} samples a step, transitions per sample "
+            f"{sorted({n for s in steps for n in s.values()})}; control, update_split=groups: "
+            f"{[len(s) for s in control]} samples a step")
+
+        # the integer timesteps off: the network told 1000σ (the same draws: they depend on the seeds alone)
+        exact = ours(dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, integer_timesteps=False)),
+                     model, cond)
+        exact_x = torch.stack([packed(s) for s in exact.states[1:-1]] + [packed(exact.states[-1][by_root])], 1)
+        most = float((exact_x.double() - theirs.latents[:, 1:].double()).abs().max())
+        report.notes.append(f"control, sampling.integer_timesteps=false (the network told 1000σ): max |Δx'| {most:.3g}, "
                             f"{most / float(theirs.latents.abs().max()):.2g} of max |x'|")
     return [report]
 
 
 def code_value(checkout: Checkout, code, key: str):
     return code.code_facts(checkout)[key].value
+
+
+def plan_grid(cfg) -> str:
+    from flowgrpo.config import resolved_plan
+
+    return resolved_plan(cfg)[0]["grid"]
+
+
+def told(model, plan, integer: bool) -> list:
+    """The timestep flowgrpo's network is told at each step's σ inside the rollout's context (``FlowModel._model_time``
+    within ``model.integer_timesteps(sampling.integer_timesteps)``)."""
+    with model.integer_timesteps(integer):
+        times = model._model_time(plan.sigmas[:-1].to(torch.float32))
+    return [int(t) if float(t).is_integer() else round(float(t), 3) for t in times]
 
 
 if __name__ == "__main__":  # python benchmarks/parity/dancegrpo.py (DANCEGRPO_PATH set)

@@ -13,27 +13,27 @@ prediction_type="flow_prediction")`` (every other setting the class default: dpm
 lower_order_final, final_sigmas_type "zero"). Nothing of the checkout is copied.
 
 The three Mode-1 launches (GenEval, OCR, PickScore) roll out alike (10 steps, CFG 4.5, that scheduler; PickScore's
-group of 24 changes nothing step by step), so one rollout is compared, twice:
-
-- ``recipe``: flowgrpo's plan as the preset's recipe resolves on sd3_5_medium (the ``ode`` plan: DPM-Solver++(2M),
-  the linear grid, CFG 4.5), with the shipped tiny SD3's weights swapped in (a perturbed LoRA);
-- ``proposed grid``: the same plan on the grid the official scheduler computes, built here from its definition
-  (``dpmsolver_flow_grid``: t = 1 − linspace(1, 1/1000, T + 1), flipped, the last point dropped, shifted, 0
-  appended): what samplers/grids.py would give with the spacing docs/official/map/dgpo.yaml proposes.
+group of 24 changes nothing step by step), so one rollout is compared: flowgrpo's plan as the preset's recipe resolves
+on sd3_5_medium (the ``ode`` plan: DPM-Solver++(2M), ``sampling.plan.grid=dpmsolver``, CFG 4.5,
+``sampling.integer_timesteps``), with the shipped tiny SD3's weights swapped in (a perturbed LoRA).
 
 Both sides run the same transformer on the same text embeddings ([empty prompt; prompt] for CFG) from the same x_T;
 the official pipeline computes its own grid (``retrieve_timesteps(scheduler, T, sigmas=None)``) and steps with
 ``scheduler.step`` (no noise). Per step: σ → σ', stochastic (neither), trained (neither) and x' = the state the next
 transformer call evaluates (the last step: the returned sample). No log-probs (the official pipeline's are the
-latents' means, not densities). As DiffusionNFT's, the official rollout calls the model at integer timesteps (the
-scheduler's int64 timesteps, ⌊1000·σ⌋ of its float64 σ) where flowgrpo passes σ·1000: the compared flowgrpo rollout
-floors them (``integer_timesteps``), and the notes give the difference without it.
+latents' means, not densities). The official rollout tells the model its scheduler's int64 timesteps (⌊1000·σ⌋ of
+its float64 σ) while stepping the float σ; flowgrpo's rollout runs inside
+``model.integer_timesteps(cfg.sampling.integer_timesteps)`` as flowgrpo/engine/rollout.py does, and the notes give
+the timesteps both sides told the model.
+
+``training_times`` (in the notes for the three launches): the times the official training mixes x_t at (its stored
+int64 timesteps / 1000) against those flowgrpo's forward learner draws (the grid's own σ), the one difference left
+(docs/official/map/dgpo.yaml code.train_sigma, kind unsupported).
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
 import importlib
 import sys
 import types
@@ -53,7 +53,6 @@ REPOSITORY = "Luo-Yihong/DGPO"
 LAUNCH = ("geneval", ["geneval"], "geneval_sd3_4gpu")  # (label, flowgrpo rewards, official config function)
 # the scheduler diffusers' scripts/convert_sana_to_diffusers.py saves for Sana's 1024px checkpoints ("flow-dpm_solver")
 SANA_SCHEDULER = dict(flow_shift=3.0, use_flow_sigmas=True, prediction_type="flow_prediction")
-TRAIN_TIMESTEPS = 1000
 
 
 # ---------------------------------------------------------------------------------------------------- the checkout
@@ -102,28 +101,16 @@ def official_scheduler(checkout):
     return space["pipeline"].scheduler, [s.lineno for s in statements]
 
 
-def dpmsolver_flow_grid(num_steps: int, shift: float) -> torch.Tensor:
-    """σ [T + 1] float64 of DPMSolverMultistepScheduler with flow sigmas (the proposed samplers/grids.py spacing):
-    t_i = 1 − a_i with a = linspace(1, 1/1000, T + 1), flipped so t runs from 0.999 down, its last point (t = 0)
-    dropped, shifted σ = k·t/(1 + (k − 1)·t), then 0 appended; σ_0 = shift(0.999) < 1."""
-    a = torch.linspace(1.0, 1.0 / TRAIN_TIMESTEPS, num_steps + 1, dtype=torch.float64)
-    t = torch.flip(1.0 - a, [0])[:-1]
-    sigmas = shift * t / (1.0 + (shift - 1.0) * t)
-    return torch.cat([sigmas, torch.zeros(1, dtype=torch.float64)])
-
-
 # ---------------------------------------------------------------------------------------------------- the rollout
-def compare_rollout(checkout, official, grid: str, extra: tuple[str, ...] = ()) -> MethodReport:
-    """The Mode-1 rollout with flowgrpo's plan on ``grid`` ("recipe" or "proposed"); see the module docstring."""
+def compare_rollout(checkout, official, extra: tuple[str, ...] = ()) -> MethodReport:
+    """The Mode-1 rollout with flowgrpo's plan as the recipe resolves it (``extra``: further overrides of flowgrpo's
+    side, for negative controls); see the module docstring."""
     label, rewards, function = LAUNCH
     config = official_config(checkout, function, CONFIG)
     cfg, model, plan = flowgrpo_side("dgpo", rewards, extra)
-    if grid == "proposed":
-        plan = dataclasses.replace(plan, sigmas=dpmsolver_flow_grid(plan.num_steps, plan.shift), unedited_sigmas=None)
     G, T = plan.roots_per_prompt, plan.num_steps
     cond = model.encode_prompts(list(PROMPTS))
-    rec, ours_calls = flowgrpo_rollout(cfg, model, plan, cond, floor=True)
-    rec_plain, plain_calls = flowgrpo_rollout(cfg, model, plan, cond, floor=False)
+    rec, ours_calls = flowgrpo_rollout(cfg, model, plan, cond)
     x_T = rec.root_state
     n = x_T.shape[0]
     root_prompt = torch.arange(n) // G
@@ -153,14 +140,14 @@ def compare_rollout(checkout, official, grid: str, extra: tuple[str, ...] = ()) 
         raise RuntimeError(f"official: {len(theirs_calls)} model calls, {len(all_latents)} states, {len(theirs_grid)} "
                            f"grid points for flowgrpo's {T} steps")
     ours = steps_of(ours_calls, in_root_order(rec), n, T)
-    plain = steps_of(plain_calls, in_root_order(rec_plain), n, T)
     theirs = [all_latents[i + 1] for i in range(T)]
     for i in range(T - 1):
         if not torch.equal(state(theirs_calls[i + 1], n), theirs[i].to(x_T)):
             raise RuntimeError(f"official step {i}: the stored state is not the next call's input")
-    which = "recipe: linear grid" if grid == "recipe" else "proposed grid: DPM-Solver flow sigmas"
+    grid = cfg.sampling.plan.get("grid", "linear")
     report = MethodReport(
-        "dgpo", f"dgpo rollout [{label}] ({which})", REPOSITORY, checkout.commit_of(SCRIPT),
+        "dgpo", f"dgpo rollout [{label}] ({type(scheduler).__name__}, {T} steps)", REPOSITORY,
+        checkout.commit_of(SCRIPT),
         f"{PATCH}/sd3_pipeline_with_logprob.py pipeline_with_logprob; {SCRIPT}:{','.join(map(str, lines))} "
         f"(main(): the DPMSolverMultistepScheduler, flow_shift); config {CONFIG}:{function}")
     for i in range(T):
@@ -168,30 +155,66 @@ def compare_rollout(checkout, official, grid: str, extra: tuple[str, ...] = ()) 
             step=i, sigma=(sig[i], theirs_grid[i]), sigma_next=(sig[i + 1], theirs_grid[i + 1]),
             stochastic=(plan.steps[i].stochastic, False), trained=(plan.steps[i].trained, False),
             dx=(ours[i].double() - theirs[i].double()).abs().max().item(), tol_x=tolerance(ours[i])))
-    ours_t = [float(c[1].reshape(-1)[0]) for c in plain_calls]
-    floored_t = [float(c[1].reshape(-1)[0]) for c in ours_calls]
+    ours_t = [float(c[1].reshape(-1)[0]) for c in ours_calls]
     model_t = [float(c[1].reshape(-1)[0]) for c in theirs_calls]
-    unfloored = max((p.double() - t.double()).abs().max().item() for p, t in zip(plain, theirs))
-    spacing = "grid " + cfg.sampling.plan.get("grid", "linear") if grid == "recipe" else "dpmsolver_flow_grid"
     report.notes += [
-        f"flowgrpo plan: {plan.name}, {T} steps, {spacing} (shift {plan.shift:g}), solver {plan.steps[0].solver}, "
+        f"flowgrpo plan: {plan.name}, {T} steps, grid {grid} (shift {plan.shift:g}), solver {plan.steps[0].solver}, "
         f"guidance {cfg.sampling.guidance_scale}, {G} samples x {len(PROMPTS)} prompts; official guidance "
         f"{config.sample.guidance_scale}, noise_level "
         f"{config.sample.noise_level} (unused by scheduler.step)",
         f"official scheduler {type(scheduler).__name__} flow_shift {scheduler.config.flow_shift:g}, grid "
         f"{[round(g, 6) for g in theirs_grid]}, timesteps {theirs_t}",
-        f"timesteps the transformer gets: flowgrpo {[round(t, 3) for t in ours_t]} (floored for the comparison: "
-        f"{floored_t}), official {model_t}",
-        f"flowgrpo's rollout as it runs (timesteps not floored): max |x'_ours - x'_theirs| = {unfloored:.3g} over the "
-        f"{T} steps (map: code.train_sigma, kind unsupported)",
+        f"timesteps the transformer gets: flowgrpo {ours_t} (sampling.integer_timesteps="
+        f"{cfg.sampling.integer_timesteps}), official {model_t}",
     ]
-    report.unfloored_dx = unfloored
     return report
 
 
+# ---------------------------------------------------------------------------------------------------- training times
+LAUNCHES = {"geneval": ("geneval_sd3_4gpu", ["geneval"]), "ocr": ("general_ocr_sd3_4gpu", ["ocr"]),
+            "pickscore": ("pickscore_sd3_4gpu", ["pickscore"])}
+
+
+def training_times(checkout, launch: str, epochs: int = 64) -> dict:
+    """The times a launch trains at, official against flowgrpo's (docs/official/map/dgpo.yaml code.train_sigma,
+    learner.integer_times). Official: its scheduler's stored int64 timesteps of the grid indices 0..trunc_steps (its
+    training loop's ``range(config.trunc_steps + 1)``), divided by 1000 (``sigmas_t = t / 1000``; the model is told t).
+    flowgrpo: every time its forward learner draws (``ForwardLearner.draws`` over ``epochs`` inner epochs, on the
+    ``DrawSpace`` of the recipe's plan), the model told the nearest integer to 1000·t. Returns both lists
+    (descending) and their gaps."""
+    from flowgrpo.engine.learners.forward import DrawSpace, ForwardLearner
+
+    function, rewards = LAUNCHES[launch]
+    config = official_config(checkout, function, CONFIG)
+    scheduler, _ = official_scheduler(checkout)
+    scheduler.set_timesteps(config.sample.num_steps)
+    theirs_t = scheduler.timesteps[: config.trunc_steps + 1]
+    cfg, model, plan = flowgrpo_side("dgpo", rewards)
+    space = DrawSpace.of(SimpleNamespace(plan=plan, iteration=0), tuple(model.latent_shape()))
+    learner, drawn = SimpleNamespace(cfg=cfg), set()
+    for epoch in range(epochs):
+        t, _ = ForwardLearner.draws(learner, SimpleNamespace(key=(0, 0)), epoch, space)
+        drawn |= {float(x) for x in t}
+    ours = sorted(drawn, reverse=True)
+    theirs = [float(t) / 1000 for t in theirs_t.double()]
+    gaps = [a - b for a, b in zip(ours, theirs)] if len(ours) == len(theirs) else None
+    return {"launch": function, "official_timesteps": [int(t) for t in theirs_t], "official": theirs,
+            "flowgrpo": ours, "flowgrpo_model_time": [round(1000 * t) if cfg.learner.integer_times else 1000 * t
+                                                      for t in ours], "gaps": gaps,
+            "integer_timesteps": cfg.sampling.integer_timesteps}
+
+
 def run(checkout) -> list[MethodReport]:
-    official = load_official(checkout)
-    return [compare_rollout(checkout, official, "recipe"), compare_rollout(checkout, official, "proposed")]
+    report = compare_rollout(checkout, load_official(checkout))
+    for launch in LAUNCHES:
+        times = training_times(checkout, launch)
+        gaps = times["gaps"]
+        report.notes.append(
+            f"training times [{launch}] (map: code.train_sigma, learner.integer_times): official t/1000 "
+            f"{[round(t, 6) for t in times['official']]}, flowgrpo's forward learner "
+            f"{[round(t, 6) for t in times['flowgrpo']]}"
+            + (f", largest gap {max(abs(g) for g in gaps):.2g}" if gaps else ", not the same grid points"))
+    return [report]
 
 
-__all__ = ["compare_rollout", "dpmsolver_flow_grid", "load_official", "official_scheduler", "run"]
+__all__ = ["LAUNCHES", "compare_rollout", "load_official", "official_scheduler", "run", "training_times"]

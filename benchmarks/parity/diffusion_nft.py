@@ -18,12 +18,11 @@ back to there). Per step: σ → σ' of each side,
 stochastic (neither), trained (neither: the rollout stores no transition; DiffusionNFT trains the clean samples) and
 x' = the state the next transformer call evaluates (the last step: the returned sample). No log-probs.
 
-The one difference that is not the grid or the solver: the official ``v_pred_fn`` gives the transformer
-``torch.full(.., sigma * 1000, dtype=torch.long)``, the timestep truncated to an integer, where flowgrpo passes
-σ·1000 (docs/official/map/diffusion_nft.yaml, code.rollout_timestep_dtype, kind unsupported). The compared flowgrpo
-rollout therefore runs with the transformer's timestep floored by a forward pre-hook (``integer_timesteps``) — the
-same solver, grid and model otherwise — and each report's notes give the x' difference of flowgrpo's rollout as it
-runs (unfloored), and the timesteps both sides gave the model.
+The official ``v_pred_fn`` gives the transformer ``torch.full(.., sigma * 1000, dtype=torch.long)``, the timestep
+truncated to an integer, while ``dpm_step`` steps the float σ: the recipe's ``sampling.integer_timesteps`` (true on
+SD3, docs/official/map/diffusion_nft.yaml code.rollout_timestep_dtype), which flowgrpo's rollout applies here as
+flowgrpo/engine/rollout.py does (``model.integer_timesteps(cfg.sampling.integer_timesteps)`` around the rollout).
+The notes give the timesteps both sides told the model.
 """
 
 from __future__ import annotations
@@ -124,34 +123,19 @@ def transformer_inputs(transformer):
         handle.remove()
 
 
-@contextlib.contextmanager
-def integer_timesteps(transformer):
-    """Inside, the transformer is given ⌊timestep⌋ (as float): what the official rollouts' integer timesteps are."""
-
-    def hook(module, args, kwargs):
-        kwargs = dict(kwargs)
-        kwargs["timestep"] = torch.floor(kwargs["timestep"])
-        return args, kwargs
-
-    handle = transformer.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 def state(call, n: int) -> torch.Tensor:
     """The state a transformer call evaluates: its hidden states' first n rows (a CFG call repeats them)."""
     return call[0][:n]
 
 
-def flowgrpo_rollout(cfg, model, plan, cond, floor: bool):
-    """flowgrpo's rollout of ``plan`` for PROMPTS: (record, the transformer calls), with integer timesteps if ``floor``."""
+def flowgrpo_rollout(cfg, model, plan, cond):
+    """flowgrpo's rollout of ``plan`` for PROMPTS: (record, the transformer calls). As flowgrpo/engine/rollout.py runs
+    it: inside ``model.integer_timesteps(cfg.sampling.integer_timesteps)`` (the recipe's integer model timesteps)."""
     import samplers
 
     velocity = model.velocity_fn(cond, cfg.sampling.guidance_scale)
-    floored = integer_timesteps(model.transformer) if floor else contextlib.nullcontext()
-    with torch.no_grad(), floored, transformer_inputs(model.transformer) as calls:
+    with torch.no_grad(), model.integer_timesteps(cfg.sampling.integer_timesteps), \
+            transformer_inputs(model.transformer) as calls:
         rec = samplers.rollout(velocity, plan, prompt_ids=list(range(len(PROMPTS))), latent_shape=model.latent_shape(),
                                seed=cfg.train.seed, iteration=0, transitions=False)
     return rec, calls
@@ -177,8 +161,7 @@ def compare_rollout(checkout, official, label: str, rewards: list[str], function
     cfg, model, plan = flowgrpo_side("diffusion_nft", rewards, extra)
     G, T = plan.roots_per_prompt, plan.num_steps
     cond = model.encode_prompts(list(PROMPTS))
-    rec, ours_calls = flowgrpo_rollout(cfg, model, plan, cond, floor=True)
-    rec_plain, plain_calls = flowgrpo_rollout(cfg, model, plan, cond, floor=False)
+    rec, ours_calls = flowgrpo_rollout(cfg, model, plan, cond)
     x_T = rec.root_state  # [P·G, *latent], prompt-major
     n = x_T.shape[0]
     root_prompt = torch.arange(n) // G
@@ -200,7 +183,6 @@ def compare_rollout(checkout, official, label: str, rewards: list[str], function
         raise RuntimeError(f"official: {len(theirs_calls)} model calls, {len(all_latents)} states, {len(grid)} grid "
                            f"points for flowgrpo's {T} steps")
     ours = steps_of(ours_calls, in_root_order(rec), n, T)
-    plain = steps_of(plain_calls, in_root_order(rec_plain), n, T)
     theirs = [all_latents[i + 1] for i in range(T)]
     for i in range(T - 1):  # the official list of states is what its next call evaluates
         if not torch.equal(state(theirs_calls[i + 1], n), theirs[i].to(x_T)):
@@ -216,21 +198,17 @@ def compare_rollout(checkout, official, label: str, rewards: list[str], function
             stochastic=(plan.steps[i].stochastic, not config.sample.deterministic),
             trained=(plan.steps[i].trained, False),
             dx=(ours[i].double() - theirs[i].double()).abs().max().item(), tol_x=tolerance(ours[i])))
-    ours_t = [float(c[1].reshape(-1)[0]) for c in plain_calls]
+    ours_t = [float(c[1].reshape(-1)[0]) for c in ours_calls]
     theirs_t = [float(c[1].reshape(-1)[0]) for c in theirs_calls]
-    unfloored = max((p.double() - t.double()).abs().max().item() for p, t in zip(plain, theirs))
     guidance = cfg.sampling.guidance_scale
     report.notes += [
         f"flowgrpo plan: {plan.name}, {T} steps, grid {cfg.sampling.plan.get('grid', 'linear')}, solver "
         f"{plan.steps[0].solver}, guidance {guidance}, {G} samples x {len(PROMPTS)} prompts; official guidance "
         f"{config.sample.guidance_scale}, noise_level {config.sample.noise_level} (unused: deterministic)",
         f"official grid {[round(g, 6) for g in grid]}",
-        f"timesteps the transformer gets: flowgrpo {[round(t, 3) for t in ours_t]}, official {theirs_t} "
-        "(torch.long); the compared flowgrpo rollout floors them (integer_timesteps)",
-        f"flowgrpo's rollout as it runs (timesteps not floored): max |x'_ours - x'_theirs| = {unfloored:.3g} over the "
-        f"{T} steps (map: code.rollout_timestep_dtype, kind unsupported)",
+        f"timesteps the transformer gets: flowgrpo {[round(t, 3) for t in ours_t]} (sampling.integer_timesteps="
+        f"{cfg.sampling.integer_timesteps}), official {theirs_t} (torch.long)",
     ]
-    report.unfloored_dx = unfloored  # for the tests: the size of the known timestep difference
     return report
 
 

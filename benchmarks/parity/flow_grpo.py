@@ -152,7 +152,9 @@ def ours(cfg, model, plan, iteration: int, cond) -> dict:
         inputs.append((x.detach().clone(), sigma.detach().clone()))
         return velocity(x, sigma, cond_index)
 
-    with recorded_step_noise() as draws:
+    # as flowgrpo/engine/rollout.py: the network told the recipe's timesteps (σ·1000, or ⌊1000σ⌋ with
+    # sampling.integer_timesteps; Flow-GRPO's pipelines give it the scheduler's float t)
+    with recorded_step_noise() as draws, model.integer_timesteps(cfg.sampling.integer_timesteps):
         rec = samplers.rollout(recording, plan, prompt_ids=list(range(len(PROMPTS))), latent_shape=model.latent_shape(),
                                seed=cfg.train.seed, iteration=iteration, dtype=model.dtype, device=model.device,
                                max_batch=cfg.sampling.max_batch, reduce=cfg.sampling.reduce,
@@ -373,7 +375,7 @@ def guard_ratio(checkout: Checkout, step: int = 3, perturb: float = 0.05) -> dic
     model = load_model(cfg.model)
     plan = plan_schedule(cfg, model).plan(0)
     cond = model.encode_prompts(PROMPTS)
-    with torch.no_grad():
+    with torch.no_grad(), model.integer_timesteps(cfg.sampling.integer_timesteps):
         rec = samplers.rollout(model.velocity_fn(cond, cfg.sampling.guidance_scale), plan,
                                prompt_ids=list(range(len(PROMPTS))), latent_shape=model.latent_shape(),
                                seed=cfg.train.seed, dtype=model.dtype, device=model.device, store_mean=True,

@@ -21,11 +21,16 @@ every window step's ε: the official code draws noise at every step it takes wit
 at the window's steps, so it is fed flowgrpo's ε there and zeros at the others (which it discards). The comparison
 runs in the official code's packed token layout (its own ``pack_latents`` of flowgrpo's latents).
 
-One official difference is taken out of the comparison, and measured beside it: the official transformer gets the
-timestep int(σ·1000)/1000 (σ truncated to a whole timestep), flowgrpo's FLUX adapter σ itself. flowgrpo's velocity is
-called with that truncated σ (only the model's input: the grid and the kernels keep σ), as the proposed
-``model.timestep_rounding=floor`` would (docs/official/map/mixgrpo.yaml, code.timestep); each report's notes give
-the largest x' difference without it.
+flowgrpo's rollout runs as its trainer runs it: inside ``model.integer_timesteps(sampling.integer_timesteps)``, the
+recipe's true, so its FLUX adapter tells the network ⌊1000σ⌋/1000 as the official int(σ·1000)/1000; the timestep
+each side's transformer is told at every step is recorded (a hook on the shared transformer) and compared: on
+MixGRPO's float32 grid (grid linear_float32) and on Flash's float64 flash_grid alike they are the official ones at
+every compared window position. The first position of each preset also carries: the advantages of one set of three
+rewards (flowgrpo's ``credit.assign`` with the recipe's advantage section, zsum with std_correction 1, against the
+official statements of train_one_step and main's weight normalisation), the optimizer steps' composition (flowgrpo's
+TransitionLearner split, train.update_split=samples, against the official step every gradient_accumulation_steps
+samples), and controls with each option off (sampling.integer_timesteps=false: a whole rollout; std_correction 0;
+update_split=groups).
 
 Compared per preset at several window positions: MixGRPO at starts 0, 10 and 19 (the last start whose official
 window has all 4 steps: from 20 on it is cut at T − 2 = 23, where flowgrpo keeps 4 steps, code.window_clip);
@@ -38,6 +43,8 @@ iteration, flowgrpo's WindowSchedule), at the iteration start × interval.
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -53,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: flo
 from official import Checkout, argparse_launch  # noqa: E402
 from official.mixgrpo import LAUNCHERS, MODEL, REWARDS, SCRIPT  # noqa: E402
 from parity import MethodReport, StepRow, fed_draws, max_diff, recorded_step_noise, tolerance  # noqa: E402
+from parity.dancegrpo import advantages, update_composition  # noqa: E402
 from samplers.kernels import HALF_LOG_2PI, kernel_coefficients  # noqa: E402
 
 SAMPLING = "fastvideo/utils/sampling_utils.py"
@@ -116,15 +124,25 @@ class Official:
                                                            "sigma_schedule = sd3_time_shift(")))
         steps = _statements(sample, lambda s: s.startswith("if args.training_strategy == 'part':\n    determistic"))
         states = _statements(_function(tree, "main"), lambda s: s.startswith("grpo_states = GRPOTrainingStates("))
-        if len(grid) != 3 or len(steps) != 1 or len(states) != 1:
+        # the reward weights (main: each model's weight by its class name, normalised to sum 1) and the advantages
+        # (train_one_step: each reward's group z-score, weighted and summed)
+        weights = _statements(_function(tree, "main"), lambda s: s.startswith((
+            "reward_weights = {}", "for model in reward_models:\n    model_name = type(model).__name__",
+            "total_weight = sum(reward_weights.values())", "if total_weight > 0:")))
+        advantage = _statements(_function(tree, "train_one_step"),
+                                lambda s: s.startswith("if args.use_group:\n    if args.multi_reward_mix =="))
+        if len(grid) != 3 or len(steps) != 1 or len(states) != 1 or len(weights) != 4 or len(advantage) != 1:
             raise RuntimeError(f"{SCRIPT}: the grid ({len(grid)} of 3 statements), the deterministic steps "
-                               f"({len(steps)}) or the window states ({len(states)}) are no longer where this reads them")
+                               f"({len(steps)}), the window states ({len(states)}), the reward weights ({len(weights)} of "
+                               f"4) or the advantages ({len(advantage)}) are no longer where this reads them")
         self.namespace = {"torch": torch, "sd3_time_shift": self.sampling.sd3_time_shift,
                           "GRPOTrainingStates": self.states_module.GRPOTrainingStates, "args": self.args}
         exec(compile(ast.Module(body=helpers, type_ignores=[]), str(path), "exec"), self.namespace)
         self.grid_code = compile(ast.Module(body=grid, type_ignores=[]), str(path), "exec")
         self.steps_code = compile(ast.Module(body=steps, type_ignores=[]), str(path), "exec")
         self.states_code = compile(ast.Module(body=states, type_ignores=[]), str(path), "exec")
+        self.weights_code = compile(ast.Module(body=weights, type_ignores=[]), str(path), "exec")
+        self.advantage_code = compile(ast.Module(body=advantage, type_ignores=[]), str(path), "exec")
         self.where = (f"{SAMPLING} run_sample_step, flow_grpo_step, dpm_step; {STATES} GRPOTrainingStates; {SCRIPT} "
                       f"sample_reference_model (grid, deterministic steps), main (window states), pack_latents, "
                       f"prepare_latent_image_ids; {LAUNCHERS[preset]}")
@@ -138,6 +156,16 @@ class Official:
             train = states.get_current_timesteps()
             states.update_iteration()
         return list(train)
+
+    def advantages(self, rewards: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The official advantages of one group: main()'s reward weights for the launch's reward models (stand-ins of
+        their class names, in ``rewards``' order), then train_one_step's advantage statements."""
+        models = [type(name, (), {})() for name in rewards]
+        scope = dict(self.namespace, reward_models=models, print=lambda *a, **k: None)
+        exec(self.weights_code, scope)
+        scope["samples"] = {"rewards": dict(rewards)}
+        exec(self.advantage_code, scope)
+        return scope["samples"]["advantages"]
 
     def grid_and_steps(self, timesteps_train: list[int]) -> tuple[torch.Tensor, list[bool]]:
         """sample_reference_model's σ grid and per-step ``determistic`` list."""
@@ -192,24 +220,41 @@ def tiny_flux(folder: Path) -> str:
     return str(folder)
 
 
-def resolved(preset: str, folder: str):
-    """The preset's run on FLUX.1-dev with its launch's rewards, the tiny weights swapped in."""
+def resolved(preset: str, folder: str, more: tuple[str, ...] = ()):
+    """The preset's run on FLUX.1-dev with its launch's rewards, the tiny weights swapped in (``more``: overrides after
+    those, a negative control)."""
     from flowgrpo.config import resolve
 
     names = REWARDS["multi_reward"]
     overrides = ["rewards=[" + ", ".join(f"{{name: {n}}}" for n in names) + "]", f"model.pretrained={folder}",
                  f"model.resolution={RESOLUTION}", "model.device=cpu", "model.max_sequence_length=16",
-                 "model.dtype=float32", "model.gradient_checkpointing=false"]
+                 "model.dtype=float32", "model.gradient_checkpointing=false"] + list(more)
     return resolve(preset, MODEL, overrides).config
 
 
-def floor_timestep(sigma: torch.Tensor) -> torch.Tensor:
-    """σ truncated to a whole timestep, int(σ·1000)/1000 in float32, as the official transformer input."""
-    return torch.floor(sigma.to(torch.float32) * 1000) / 1000
+# the official reward models' class names (main() weighs them by name), for flowgrpo's rewards of --reward_model
+# multi_reward in their order
+REWARD_CLASSES = {"hpsv2": "HPSClipRewardModel", "imagereward": "ImageRewardModel", "pickscore": "PickScoreRewardModel"}
 
 
-def ours(cfg, model, cond, iteration: int, rounding: bool):
-    """flowgrpo's rollout of the preset's plan at ``iteration``: (plan, record, states per level [T + 1, G, ...], ε's)."""
+@contextlib.contextmanager
+def told_timesteps(transformer):
+    """Inside, every call of ``transformer`` records the timestep it is told (its first row, as the float it gets)."""
+    seen: list[float] = []
+
+    def hook(module, args, kwargs):
+        seen.append(float(kwargs["timestep"].reshape(-1)[0]))
+
+    handle = transformer.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def ours(cfg, model, cond, iteration: int):
+    """flowgrpo's rollout of the preset's plan at ``iteration`` as its trainer runs it (the network told ⌊1000σ⌋ with
+    sampling.integer_timesteps): (plan, record, states per level [T + 1, G, ...], ε's, the timesteps told)."""
     import samplers
     from flowgrpo.config import plan_schedule
 
@@ -219,25 +264,26 @@ def ours(cfg, model, cond, iteration: int, rounding: bool):
 
     def velocity(x, sigma, cond_index):
         levels.append(x.detach().clone())
-        return base(x, floor_timestep(sigma) if rounding else sigma, cond_index)
+        return base(x, sigma, cond_index)
 
-    with recorded_step_noise() as draws, torch.no_grad():
+    with recorded_step_noise() as draws, told_timesteps(model.transformer) as told, torch.no_grad(), \
+            model.integer_timesteps(cfg.sampling.integer_timesteps):
         record = samplers.rollout(
             velocity, plan, prompt_ids=[0], latent_shape=model.latent_shape(), seed=cfg.train.seed, iteration=iteration,
             dtype=model.dtype, device=model.device, max_batch=cfg.sampling.max_batch, reduce=cfg.sampling.reduce,
             log_prob_form=cfg.sampling.log_prob)
     states = torch.stack(levels + [record.leaf_state])
-    return plan, record, states, draws
+    return plan, record, states, draws, told
 
 
 # ---------------------------------------------------------------------------------------------------- the comparison
 def compare(preset: str, start: int, iteration: int, official: Official, cfg, model, cond, commit: str,
-            drift: bool = False) -> MethodReport:
-    """One window position: the first ``MEMBERS`` samples of the group, every step; with ``drift``, also flowgrpo's
-    rollout without the timestep's truncation against the official states (a note)."""
+            first: bool = False) -> MethodReport:
+    """One window position: the first ``MEMBERS`` samples of the group, every step, and the timesteps each side's
+    network is told; with ``first``, also the advantages, the optimizer steps and the controls (notes)."""
     report = MethodReport("mixgrpo", f"{preset} window start {start} (iteration {iteration})", official.checkout.repository,
                           commit, official.where)
-    plan, record, states, draws = ours(cfg, model, cond, iteration, rounding=True)
+    plan, record, states, draws, told = ours(cfg, model, cond, iteration)
     G, T = min(MEMBERS, plan.roots_per_prompt), plan.num_steps
     window = official.window(iteration)
     pack = official.namespace["pack_latents"]
@@ -257,8 +303,14 @@ def compare(preset: str, start: int, iteration: int, official: Official, cfg, mo
         calls = window[-1] + 1 if official.args.dpm_algorithm_type != "null" and window else official.args.sampling_steps
         zero = torch.zeros_like(packed(states[0, :1]))
         feed = [eps.get(i, zero) for i in range(calls)]
-        x, lp, steps, determistic = official.sample(model.transformer, packed(states[0, g : g + 1]),
-                                                    (embeds, pooled, text_ids, image_ids), window, feed)
+        with told_timesteps(model.transformer) as told_theirs:
+            x, lp, steps, determistic = official.sample(model.transformer, packed(states[0, g : g + 1]),
+                                                        (embeds, pooled, text_ids, image_ids), window, feed)
+        if g == 0:
+            report.notes.append(
+                f"timesteps told (x1000): the official {[round(t * 1000) for t in told_theirs]}; flowgrpo's equal: "
+                f"{told == told_theirs} (sampling.integer_timesteps={cfg.sampling.integer_timesteps}, grid "
+                f"{resolved_grid(cfg)})")
         theirs_states.append(x)
         theirs_lp.append(lp)
         theirs_steps = steps
@@ -294,18 +346,59 @@ def compare(preset: str, start: int, iteration: int, official: Official, cfg, mo
             row.tol_logp = tolerance(torch.cat([a[~a.isnan()], b, terms]))
         report.steps.append(row)
     report.notes.append(f"the group's first {G} of {plan.roots_per_prompt} samples")
-    if drift:  # the timestep's truncation alone: flowgrpo's own adapter input against the official states
-        _, _, plain, _ = ours(cfg, model, cond, iteration, rounding=False)
+    if first:
+        credit_and_steps(report, official, cfg, plan, record)
+        # the integer timesteps off: the network told 1000σ (the same draws: they depend on the seeds alone)
+        exact = dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, integer_timesteps=False))
+        _, _, plain, _, _ = ours(exact, model, cond, iteration)
         plain = torch.stack([packed(s[:G]) for s in plain])
         n = min(len(plain), len(theirs_states))
         most = float((plain[:n].double() - theirs_states[:n].double()).abs().max())
-        report.notes.append(f"without the timestep's truncation (flowgrpo's adapter feeds σ): max |Δx'| {most:.3g}, "
+        report.notes.append(f"control, sampling.integer_timesteps=false (the network told 1000σ): max |Δx'| {most:.3g}, "
                             f"{most / float(theirs_states.abs().max()):.2g} of max |x'|")
     return report
 
 
-def run(checkout: Checkout, settings: dict | None = None) -> list[MethodReport]:
-    """One report per (preset, window position) of ``settings`` (default ``SETTINGS``)."""
+def resolved_grid(cfg) -> str:
+    from flowgrpo.config import resolved_plan
+
+    return resolved_plan(cfg)[0]["grid"]
+
+
+def credit_and_steps(report: MethodReport, official: Official, cfg, plan, record) -> None:
+    """Notes: the advantages of one set of the launch's rewards on both sides (and with std_correction 0), and the
+    optimizer steps' composition (and with update_split=groups)."""
+    G = plan.roots_per_prompt
+    names = [spec.name for spec in cfg.rewards]
+    generator = torch.Generator().manual_seed(0)
+    by_sample = torch.rand(G, len(names), generator=generator) * torch.tensor([0.05, 1.0, 0.2])[: len(names)] \
+        + torch.tensor([0.25, 0.5, 0.2])[: len(names)]  # HPS-, ImageReward- and PickScore-like spreads
+    theirs = official.advantages({REWARD_CLASSES[n]: by_sample[:, k] for k, n in enumerate(names)}).to(torch.float32)
+    by_root = [int(k) for k in torch.argsort(record.leaf_root)]
+    fed = by_sample[record.leaf_root]  # flowgrpo's leaf order
+    adv = advantages(cfg, record, plan, fed)[0][by_root]
+    control = advantages(cfg, record, plan, fed, std_correction=0)[0][by_root]
+    ratio = float((control.double() / theirs.double()).mean())
+    report.notes.append(
+        f"advantages of one set of {len(names)} rewards ({', '.join(names)}; credit.assign, advantage.multi_reward="
+        f"{cfg.advantage.multi_reward}, std_correction={cfg.advantage.std_correction}, weights "
+        f"{[spec.weight for spec in cfg.rewards]}): max |Δ| {max_diff(adv, theirs, 'advantages'):.3g} (tolerance "
+        f"{tolerance(torch.cat([adv, theirs])):.3g}); control, std_correction=0: flowgrpo's / the official = {ratio:.4f} "
+        f"(sqrt(G/(G-1)) = {math.sqrt(G / (G - 1)):.4f})")
+    per_step = official.args.gradient_accumulation_steps
+    official_steps = [len(range(s, min(s + per_step, G))) for s in range(0, G, per_step)]
+    steps = update_composition(cfg, record)
+    control_steps = update_composition(cfg, record, update_split="groups")
+    report.notes.append(
+        f"optimizer steps: the official {official_steps} samples a step (every {per_step} in rollout order, each with "
+        f"its window steps); flowgrpo's (train.update_split={cfg.train.update_split}) {[len(s) for s in steps]} samples a "
+        f"step, transitions per sample {sorted({n for s in steps for n in s.values()})}; control, update_split=groups: "
+        f"{[len(s) for s in control_steps]} samples a step")
+
+
+def run(checkout: Checkout, settings: dict | None = None, overrides: tuple[str, ...] = ()) -> list[MethodReport]:
+    """One report per (preset, window position) of ``settings`` (default ``SETTINGS``); ``overrides``: flowgrpo's settings
+    changed after the recipe (a negative control)."""
     from flowgrpo.models.base import load_model
 
     settings = SETTINGS if settings is None else settings
@@ -315,13 +408,13 @@ def run(checkout: Checkout, settings: dict | None = None) -> list[MethodReport]:
     with tempfile.TemporaryDirectory(prefix="mixgrpo-parity-") as tmp:
         folder = tiny_flux(Path(tmp) / "tiny_flux_dev")
         for preset, positions in settings.items():
-            cfg = resolved(preset, folder)
+            cfg = resolved(preset, folder, tuple(overrides))
             model = load_model(cfg.model)
             model.transformer.eval()
             cond = model.encode_prompts([PROMPT])
             official = Official(checkout, preset)
             for k, (start, iteration) in enumerate(positions):
-                reports.append(compare(preset, start, iteration, official, cfg, model, cond, commit, drift=k == 0))
+                reports.append(compare(preset, start, iteration, official, cfg, model, cond, commit, first=k == 0))
     return reports
 
 

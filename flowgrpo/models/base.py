@@ -358,7 +358,7 @@ class FlowModel:
         # times 0), so every process makes the same collective calls whatever its rows' times (engine/policy.py)
         self.call_every_expert = False
         self._in_reference = False
-        self._integer_time = False  # inside integer_timesteps(): the networks are told ⌊σ·T⌋
+        self._integer_time = None  # inside integer_timesteps(): "floor" or "nearest", the networks told an integer
         self._setup_finetune()
 
     # ---------------------------------------------------------------- set-up
@@ -501,13 +501,20 @@ class FlowModel:
         ``integer_timesteps()`` ⌊σ·T⌋ with the product in float32, as codes that hand the network integer timesteps
         compute it (DiffusionNFT's and DGPO's SD3 rollouts, DanceGRPO's, MixGRPO's and BranchGRPO's FLUX steps)."""
         t = sigma * self._num_train_timesteps
-        return torch.floor(t.float()).to(t.dtype) if self._integer_time else t
+        mode = getattr(self, "_integer_time", None)
+        if not mode:
+            return t
+        return (torch.floor(t.float()) if mode == "floor" else torch.round(t.float())).to(t.dtype)
 
     @contextmanager
-    def integer_timesteps(self, on: bool = True) -> Iterator[None]:
-        """Inside (when ``on``), every network call is told the integer timestep ⌊σ·T⌋ instead of σ·T; the samplers'
-        kernels still step the exact σ (sampling.integer_timesteps)."""
-        previous, self._integer_time = getattr(self, "_integer_time", False), bool(on)
+    def integer_timesteps(self, on: bool = True, rounding: str = "floor") -> Iterator[None]:
+        """Inside (when ``on``), every network call is told an integer timestep instead of σ·T: ⌊σ·T⌋ (``floor``: the
+        rollouts of sampling.integer_timesteps, the kernels still stepping the exact σ), or the nearest integer
+        (``nearest``: learner.integer_times, whose σ are already multiples of 1/T, which float32 σ·T can miss by an
+        ulp either way)."""
+        if rounding not in ("floor", "nearest"):
+            raise ValueError(f"rounding must be 'floor' or 'nearest', got {rounding!r}")
+        previous, self._integer_time = getattr(self, "_integer_time", None), (rounding if on else None)
         try:
             yield
         finally:

@@ -55,17 +55,20 @@ def test_the_grid_is_the_schedulers_own_down_to_0_0089(reports):
         assert 0.0089 < theirs[-2] < 0.009 and theirs[0] == 1.0  # shift(shift(1/1000)), not the linear 1/T's
 
 
-def test_the_official_integer_timesteps_are_the_one_known_difference(reports):
-    """The official rollout calls the model at int(σ·1000) (map: code.rollout_timestep_dtype, unsupported): flowgrpo's
-    rollout as it runs (σ·1000 unrounded) is farther from it than float32 rounding, equal once floored."""
+def test_the_recipe_tells_the_model_the_official_integer_timesteps(reports):
+    """The official rollout calls the model at int(σ·1000) (torch.long); the recipe's sampling.integer_timesteps makes
+    flowgrpo's calls the same integers (960, not 960.13), the kernels stepping the float σ."""
     for r in reports.values():
-        assert r.unfloored_dx > 100 * max(s.tol_x for s in r.steps)
-        assert any("torch.long" in note for note in r.notes)
+        note = next(n for n in r.notes if n.startswith("timesteps the transformer gets"))
+        assert "sampling.integer_timesteps=True" in note
+        ours, theirs = note.split("flowgrpo ")[1].split(" (sampling")[0], note.split("official ")[1].split(" (torch")[0]
+        assert [float(t) for t in ours.strip("[]").split(", ")] == [float(t) for t in theirs.strip("[]").split(", ")]
 
 
 @pytest.mark.parametrize("override, broken", [
     ("sampling.plan.grid=linear", "sigma"),  # the linear grid: every interior σ differs
     ("sampling.plan.solver=euler", "x"),  # the same grid, first-order steps: x' differs from the third step on
+    ("sampling.integer_timesteps=false", "timesteps"),  # the model told σ·1000: x' differs from the second step on
 ])
 def test_a_changed_plan_is_caught(checkout, override, broken):
     """Negative controls: the same comparison with one setting of flowgrpo's plan changed fails where it should."""
@@ -77,6 +80,11 @@ def test_a_changed_plan_is_caught(checkout, override, broken):
     wrong = [s for s in report.steps if not s.ok]
     if broken == "sigma":
         assert wrong[0].step == 0 and wrong[0].sigma_next[0] != wrong[0].sigma_next[1]
+    elif broken == "timesteps":
+        # step 0 is at σ = 1 (timestep 1000 on both sides); from σ_1 = 0.96013 on the model is told 960.13, not 960
+        assert all(s.sigma[0] == s.sigma[1] for s in report.steps)
+        assert report.steps[0].dx == 0.0 and report.steps[1].dx > 0.0
+        assert max(s.dx for s in wrong) > 100 * max(s.tol_x for s in wrong)
     else:
         assert all(s.sigma[0] == s.sigma[1] for s in report.steps)
         # steps 0 and 1 are first order on both sides: at step 1 the previous σ is 1, whose λ is −∞ (the official

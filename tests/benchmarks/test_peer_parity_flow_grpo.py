@@ -92,6 +92,7 @@ def test_the_fast_window_is_stochastic_and_trained_where_the_official_draw_puts_
 @pytest.mark.parametrize("override, broken", [
     ("sampling.plan.grid=linear", "sigma"),  # the grid issue 44 found: the linear grid instead of the scheduler's
     ("sampling.log_prob=gaussian", "log_prob"),  # CPS scored as a Gaussian instead of the official squared error
+    ("sampling.integer_timesteps=true", "x"),  # the model told ⌊1000σ⌋ where the official pipeline gives it σ·1000
 ])
 def test_a_changed_plan_is_caught(checkout, override, broken):
     """Negative controls: the comparison with one setting of flowgrpo's side changed fails where it should."""
@@ -103,8 +104,11 @@ def test_a_changed_plan_is_caught(checkout, override, broken):
     if broken == "sigma":
         assert report.steps[7].sigma[0] == pytest.approx(3 * 0.3 / (1 + 2 * 0.3), rel=1e-6)  # linear: 0.5625
         assert report.steps[7].sigma[1] == pytest.approx(0.4649, abs=1e-4)
-    else:
+    elif broken == "log_prob":
         assert [s.step for s in wrong] == [0, 1, 2] and all(s.dlogp > s.tol_logp for s in wrong)
+    else:  # σ_1 = 0.96013 of the scheduler's grid: 960, not 960.13 (step 0 at σ = 1 is 1000 either way)
+        assert all(s.sigma[0] == s.sigma[1] for s in report.steps) and report.steps[0].ok
+        assert max(s.dx for s in wrong) > 10 * max(s.tol_x for s in wrong)
 
 
 @needs_checkout

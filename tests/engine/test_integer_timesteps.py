@@ -59,3 +59,29 @@ def test_a_run_with_integer_timesteps_keeps_the_ratio_contract(tiny_sd3_dir, tmp
         trainer_module.Trainer.__init__ = original
     told = torch.cat(seen)
     assert told.numel() > 0 and torch.equal(told, told.floor())
+
+
+def test_integer_training_times_train_at_the_schedulers_integer_timesteps(tiny_sd3_dir, tmp_path):
+    """learner.integer_times (DGPO's code: σ = t/1000 of its scheduler's int64 timesteps, the network told t): every
+    training draw is ⌊1000σ⌋/1000 of a grid point and every training call is told that integer exactly (the nearest
+    integer to 1000·t: float32 1000·(k/1000) is k ± an ulp, 251 of them below); the rollout keeps σ·1000."""
+    import samplers
+    from flowgrpo.engine.trainer import Trainer
+
+    cfg = load_config("dgpo", None, overrides(tiny_sd3_dir, tmp_path, **{
+        "sampling.plan.group_size": 2, "sampling.plan.num_steps": 7, "learner.integer_times": True,
+        "learner.time_min": 0.0, "learner.train_times": 3, "train.iterations": 1, "log.samples_every": 0,
+        "log.save_every": 0}), base=PLUGIN_REWARD)
+    trainer = Trainer(cfg)
+    seen: list = []
+    _timesteps(trainer.model.transformer, seen)
+    trainer.train()
+    grid = samplers.time_grid(7, trainer.model.shift_for(7)).float()[:-1]
+    told = torch.cat(seen)
+    rollout = (grid * 1000).double()
+    assert not torch.equal(rollout, rollout.floor())  # a grid whose σ·1000 are not integers
+    evaluation = (samplers.time_grid(2, trainer.model.shift_for(2)).float()[:-1] * 1000).double()  # eval.steps=2
+    training = told[~torch.isin(told, torch.cat([rollout, evaluation]))]  # rollout and evaluation: σ·1000
+    assert training.numel() > 0 and set(training.tolist()) <= set(torch.floor(grid * 1000).double().tolist())
+    k = torch.arange(1001, dtype=torch.float32)
+    assert int((torch.floor(k / 1000 * 1000) != k).sum()) > 0 and torch.equal(torch.round(k / 1000 * 1000), k)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -99,3 +100,32 @@ def test_changing_one_resolved_value_fails_the_check():
         return resolved
 
     assert any(r.official == row.official and r.status == "wrong" for r in check("dgpo", resolve=tampered))
+
+
+def test_the_presets_page_is_generated_from_the_data_the_maps_and_the_configs():
+    """docs/presets.md is what benchmarks/official/presets_page.py writes: regenerate it after changing a preset, a
+    map or the data (python benchmarks/official/presets_page.py)."""
+    from official import presets_page
+
+    assert presets_page.PAGE.read_text() == presets_page.page(), \
+        "docs/presets.md is stale: run python benchmarks/official/presets_page.py"
+
+
+def test_flow_grpo_on_sd35_rolls_out_on_the_schedulers_own_grid():
+    """The σ grid of `flow_grpo` on SD3.5 at 10 steps is diffusers' FlowMatchEulerDiscreteScheduler(shift=3)
+    .set_timesteps(10), as the official pipeline leaves it (sigmas=None): ..., 0.4649, 0.278, 0.0089, 0 (the linear
+    grid it replaced ended 0.4286, 0.25, 0), to float32 rounding; the tiny world keeps the linear grid."""
+    import samplers
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from flowgrpo.config import resolved_plan
+
+    plan_args, _ = resolved_plan(resolve("flow_grpo", "sd3_5_medium", []).config)
+    plan = samplers.compose_plan(**{**plan_args, "shift": 3.0})  # SD3.5's scheduler config: shift 3.0
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    scheduler.set_timesteps(10)
+    assert plan.num_steps == 10
+    assert (plan.sigmas.float() - scheduler.sigmas).abs().max() <= 2 * torch.finfo(torch.float32).eps
+    assert [round(float(s), 4) for s in plan.sigmas[-4:]] == [0.4649, 0.278, 0.0089, 0.0]
+    tiny_args, _ = resolved_plan(resolve("flow_grpo", None, []).config)
+    assert tiny_args["grid"] == "linear"

@@ -1,26 +1,17 @@
-"""Each preset is its paper's recipe on real models and the tiny world's scaled settings on the CPU, as docs/presets.md
-tables them: the test reads the tables, composes every preset with every real model config (and with none: the tiny
-world), and checks every row, so the page cannot drift from the configs.
-
-A row is ``| `key` | paper's value | source | real models | tiny world | why they differ |``. The key may end in
-``(family)``: that row is the value for the model configs of that family, the row without it for the others. A ``—``
-cell is not checked (the paper does not say, or the world does not use it)."""
+"""How a preset's recipe composes: the tiny world's CPU settings never reach a real model, a family's recipe sets how
+the paper ran the model, overrides win, and every preset composes with every real model config (and with each
+reward its recipe names). Whether the recipes are the official runs, key by key: tests/engine/test_official_recipes.py
+(docs/official/, docs/presets.md)."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
-import yaml
 from omegaconf import OmegaConf
 
 from flowgrpo.config import ConfigError, is_real_model, load_config
 from flowgrpo.models.config import _VIDEO_FAMILIES
 from flowgrpo.run.paths import configs_dir
 
-ROOT = Path(__file__).resolve().parents[2]
-PAGE = ROOT / "docs" / "presets.md"
 PRESETS = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (configs_dir() / "models").glob("*.yaml") if is_real_model(p.stem))
 
@@ -29,108 +20,19 @@ def _family(model: str) -> str:
     return OmegaConf.load(configs_dir() / "models" / f"{model}.yaml").family
 
 
-def tables() -> dict[str, list[tuple[str, str | None, str | None, str, str]]]:
-    """preset -> [(key, family or None, reward or None, real cell, tiny cell)] from the page's ``## `preset` `` sections."""
-    out, current = {}, None
-    for line in PAGE.read_text().splitlines():
-        heading = re.match(r"^## `(\w+)`", line)
-        if heading:
-            current = heading.group(1)
-            out[current] = []
-            continue
-        row = re.match(r"^\| `([\w.]+)`(?: \((\w+)\))?(?: \[(\w+)\])? \|(.*)\|\s*$", line)
-        if current and row:
-            cells = [c.strip() for c in row.group(4).split("|")]
-            out[current].append((row.group(1), row.group(2), row.group(3), cells[2], cells[3]))
-    return out
-
-
-def _value(cell: str):
-    text = cell.strip("`").replace("`", "")
-    try:  # YAML 1.1 reads 1e-05 (no decimal point) as a string
-        return int(text) if text.lstrip("-").isdigit() else float(text)
-    except ValueError:
-        return yaml.safe_load(text)
-
-
-def effective(cfg, key: str):
-    """The value a run uses for ``key``: the config's, and for ``sampling.plan.*`` / ``sampling.window.*`` what the
-    method's plan and window take (its METHOD_PRESETS entry under the config's overrides, else the builders'
-    defaults)."""
-    import inspect
-
-    import samplers
-    from flowgrpo.config import plan_arguments
-
-    section, _, name = key.rpartition(".")
-    if section == "sampling.plan":
-        defaults = {k: p.default for k, p in inspect.signature(samplers.compose_plan).parameters.items()}
-        return {**defaults, **plan_arguments(cfg)}.get(name)
-    if section == "sampling.window":
-        window = samplers.METHOD_PRESETS[cfg.sampling.method]["window"]
-        if window is None:
-            return None
-        defaults = {k: p.default for k, p in inspect.signature(samplers.WindowSchedule).parameters.items()}
-        return {**defaults, **window, **dict(cfg.sampling.window)}.get(name)
-    got = OmegaConf.select(OmegaConf.structured(cfg), key)
-    return OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
-
-
-def _check(cfg, key: str, cell: str, where: str) -> None:
-    if cell in ("—", ""):
-        return
-    got = effective(cfg, key)
-    got = list(got) if isinstance(got, tuple) else got  # a tuple key (adam_betas) as the page writes it
-    want = _value(cell)
-    if isinstance(want, float) or isinstance(got, float):
-        assert got == pytest.approx(want, rel=1e-12), f"{where}: {key} is {got!r}, docs/presets.md says {want!r}"
-    else:
-        assert got == want, f"{where}: {key} is {got!r}, docs/presets.md says {want!r}"
-
-
-def test_every_preset_has_its_table():
-    assert sorted(tables()) == PRESETS
-
-
-def _rewards(reward: str | None) -> list[str]:
-    if reward is None:
-        return []
-    return ["rewards=[{name: pickscore}, {name: hpsv2}]"] if reward == "several" else [f"rewards=[{{name: {reward}}}]"]
-
-
-@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("preset", PRESETS)
-def test_a_preset_on_a_real_model_is_its_papers_recipe(preset, model):
-    """Every row on every real model config: a (family) row on that family's models, a [reward] row with that reward
-    trained (or several rewards) where no (family) row sets the key, the plain rows where neither does."""
-    family = _family(model)
-    default = "default_t2v" if family in _VIDEO_FAMILIES else "default"
-    rows = tables()[preset]
-    by_family = {key for key, fam, _, _, _ in rows if fam == family}
-    for reward in [None] + sorted({r for _, _, r, _, _ in rows if r}):
-        cfg = load_config(preset, model, _rewards(reward), default=default)
-        by_reward = {key for key, _, r, _, _ in rows if reward and r == reward}
-        for key, fam, r, real, _ in rows:
-            if fam == family or (fam is None and r == reward and key not in by_family) or (
-                    fam is None and r is None and key not in by_family and key not in by_reward):
-                _check(cfg, key, real, f"{preset} on {model}" + (f" trained on {reward}" if reward else ""))
-
-
-@pytest.mark.parametrize("preset", PRESETS)
-def test_a_preset_in_the_tiny_world_keeps_the_cpu_settings(preset):
-    cfg = load_config(preset, None, [])
-    for key, fam, reward, _, tiny in tables()[preset]:
-        if fam is None and reward is None:
-            _check(cfg, key, tiny, f"{preset} in the tiny world")
-
-
-def test_a_rows_value_is_what_the_run_uses():
-    """The checker reads what a run uses, and fails on a wrong value: the test cannot pass a drifted page."""
-    cfg = load_config("awm", "sd3_5_medium", [])
-    assert effective(cfg, "sampling.plan.num_steps") == 14 and effective(cfg, "sampling.plan.kernel") == "ode"
-    assert effective(load_config("mixgrpo", None, []), "sampling.window.interval") == 25
-    with pytest.raises(AssertionError, match="docs/presets.md says 10"):
-        _check(cfg, "sampling.plan.num_steps", "`10`", "awm")
+def test_every_preset_composes_with_every_real_model_and_each_reward_its_recipe_names(preset):
+    """A preset runs on any model config flowgrpo ships, not only the paper's: its recipe, by-family and by-reward
+    blocks merge and validate on each (a recipe key a family's config cannot take would fail here)."""
+    recipe = OmegaConf.load(configs_dir() / "presets" / f"{preset}.yaml")
+    rewards = sorted((recipe.get("recipe_by_reward") or {}).keys())
+    for model in MODELS:
+        default = "default_t2v" if _family(model) in _VIDEO_FAMILIES else "default"
+        for reward in [None, *rewards]:
+            names = ["pickscore", "hpsv2"] if reward == "several" else [reward] if reward else []
+            extra = ["rewards=[" + ", ".join(f"{{name: {n}}}" for n in names) + "]"] if names else []
+            cfg = load_config(preset, model, extra, default=default)
+            assert cfg.run_name == f"{model}-{preset}"
 
 
 def test_the_tiny_worlds_settings_never_reach_a_real_model():

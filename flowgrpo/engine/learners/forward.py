@@ -157,7 +157,10 @@ class ForwardLearner(Learner):
             u = lo + (hi - lo) * torch.rand(K, generator=gen, dtype=torch.float64)
             t = samplers.shift_sigmas(torch.sigmoid(lc.logit_mean + lc.logit_std * torch.special.ndtri(u)), k)
         noise = torch.randn((K,) + space.latent, generator=own)
-        return t.to(torch.float32), noise
+        t = t.to(torch.float32)
+        if lc.integer_times:  # DGPO's code trains at t/1000 of its scheduler's integer timesteps ⌊1000σ⌋
+            t = torch.floor(t * 1000) / 1000
+        return t, noise
 
     @property
     def guidance(self) -> float | None:
@@ -166,8 +169,10 @@ class ForwardLearner(Learner):
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, cond, weights=None) -> torch.Tensor:
         """v at (x_t, t): the current weights with gradient, or without it a copy's or the reference's
-        (``weights=flowgrpo.engine.policy.REFERENCE``)."""
-        return self.policy.velocity(x, t, cond, self.guidance, weights)
+        (``weights=flowgrpo.engine.policy.REFERENCE``); with learner.integer_times the network is told the integer
+        timestep 1000·t exactly (t is a multiple of 1/1000 then)."""
+        with self.policy.model.integer_timesteps(self.cfg.learner.integer_times, rounding="nearest"):
+            return self.policy.velocity(x, t, cond, self.guidance, weights)
 
     def stand_in(self, rollouts: Rollouts) -> Member:
         """A sample for a sharded process that trains none this step (its loss is multiplied by 0)."""
