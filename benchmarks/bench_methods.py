@@ -10,7 +10,6 @@ presets (diffusion_nft, awm, dgpo) count every training forward (policy, old pol
 import argparse
 import json
 import shutil
-import time
 
 from flowgrpo.config import load_config
 from flowgrpo.engine.trainer import Trainer

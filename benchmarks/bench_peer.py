@@ -62,6 +62,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from parity import recorded_step_noise  # noqa: E402  (the executor's per-step ε, kept in order)
 
 TOLERANCE_ULPS = 512  # float32 ulps of the compared values' largest magnitude
 LOW_PRECISION_ULPS = 16  # ulps of a bf16/fp16 transformer's dtype, when it runs in one
@@ -186,6 +189,30 @@ def timed_calls(module: torch.nn.Module, timer):
             h.remove()
 
 
+@contextlib.contextmanager
+def inputs_in_weight_dtype(module: torch.nn.Module):
+    """Inside, the latents ``module`` is called with (``hidden_states``) are cast to its weights' dtype. The
+    official run calls its transformer through accelerate's ``prepare``, whose autocast takes the float32
+    latents its pipeline hands over (``prepare_latents(...).float()``); here the shared transformer holds the
+    bench's dtype, and the latents are cast as flowgrpo's adapter casts its own (the timestep stays float32 on
+    both sides), so both compute the same products."""
+    dtype = next(module.parameters()).dtype
+    if dtype == torch.float32:
+        yield
+        return
+
+    def before(mod, args, kwargs):
+        if "hidden_states" in kwargs:
+            return args, kwargs | {"hidden_states": kwargs["hidden_states"].to(dtype)}
+        return (args[0].to(dtype),) + tuple(args[1:]), kwargs
+
+    handle = module.register_forward_pre_hook(before, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class Peer:
     """One Flow-GRPO iteration with the checkout's functions on flowgrpo's pipeline (see the module docstring)."""
 
@@ -217,14 +244,14 @@ class Peer:
     def sample(self, prompts: list[str], sigmas: list[float], latents: torch.Tensor,
                draws: list[torch.Tensor] | None = None, embeds=None) -> dict:
         """Sampling with log-probs for len(prompts) samples (each prompt once per sample, as its loop does)."""
-        n, device = len(prompts), self.tr.model.device
+        n = len(prompts)
         if embeds is None:
             embeds = self.encode(prompts)
         prompt_embeds, pooled = embeds
         neg, neg_pooled = self.neg[0].repeat(n, 1, 1), self.neg[1].repeat(n, 1)
         self.transformer.eval()
         with torch.no_grad(), fed_noise(self.fn.sde_module, draws), scheduler_grid(self.pipeline.scheduler), \
-                timed_calls(self.transformer, self.timer):
+                timed_calls(self.transformer, self.timer), inputs_in_weight_dtype(self.transformer):
             images, all_latents, log_probs = self.fn.pipeline_with_logprob(
                 self.pipeline, prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled,
                 negative_prompt_embeds=neg, negative_pooled_prompt_embeds=neg_pooled,
@@ -243,7 +270,8 @@ class Peer:
         """The training pass: shuffle, batches of --micro-batch samples x trained steps, one optimizer step."""
         keys = ("prompt_embeds", "pooled_prompt_embeds", "timesteps", "latents", "next_latents", "log_probs")
         n, b, clip = advantages.shape[0], self.args.micro_batch, self.tr.cfg.loss.clip_range
-        data = {k: samples[k] for k in keys} | {"advantages": advantages.unsqueeze(1).repeat(1, num_train)}
+        data = {k: samples[k] for k in keys} | {"advantages": advantages.to(samples["log_probs"].device).unsqueeze(1)
+                                                 .repeat(1, num_train)}
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
         data = {k: v[perm] for k, v in data.items()}
         batches = [{k: v[s : s + b] for k, v in data.items()} for s in range(0, n, b)]
@@ -251,7 +279,7 @@ class Peer:
         self.transformer.train()
         self.optimizer.zero_grad(set_to_none=True)
         info: dict[str, list] = {"approx_kl": [], "clipfrac": [], "loss": []}
-        with timed_calls(self.transformer, self.timer):
+        with timed_calls(self.transformer, self.timer), inputs_in_weight_dtype(self.transformer):
             for sample in batches:
                 self._train_batch(sample, num_train, clip, accumulation, info)
         torch.nn.utils.clip_grad_norm_(self.params, self.tr.cfg.train.grad_clip)
@@ -293,30 +321,11 @@ class Ours:
         from flowgrpo.engine.credit import Advantages
         from flowgrpo.engine.learners import Rollouts
 
-        rec = batches[0].record
-        leaf_advantages = leaf_advantages[rec.leaf_root]  # given per sample (root order), as the peer's rows
+        rec = batches[0].record.bookkeeping_on_cpu()  # advantages live on the CPU, as the trainer's credit keeps them
+        leaf_advantages = leaf_advantages.cpu()[rec.leaf_root]  # given per sample (root order), as the peer's rows
         advantages = Advantages([rec.transition_values(leaf_advantages)], [leaf_advantages])
         self.iteration += 1  # another shuffle each pass, as successive iterations
         return self.tr.learner.update(Rollouts(self.iteration, self.tr.schedule.plan(0), batches, advantages))
-
-
-@contextlib.contextmanager
-def record_noise():
-    """Inside, the executor's per-step ε (what _Run.step_noise returns) is kept, in order, in the yielded list."""
-    import samplers.executor as executor
-
-    original, draws = executor._Run.step_noise, []
-
-    def step_noise(self, *args, **kwargs):
-        eps = original(self, *args, **kwargs)
-        draws.append(eps.detach().clone())
-        return eps
-
-    executor._Run.step_noise = step_noise
-    try:
-        yield draws
-    finally:
-        executor._Run.step_noise = original
 
 
 def per_sample_steps(rec, values: torch.Tensor, num_train: int) -> torch.Tensor:
@@ -331,7 +340,7 @@ def per_sample_steps(rec, values: torch.Tensor, num_train: int) -> torch.Tensor:
 def check_equal(ours: Ours, peer: Peer, prompts_per_sample: list[str], sigmas: list[float], num_train: int) -> list[dict]:
     """Same x_T and ε on both sides -> the same per-step log-probs and states (see the module docstring)."""
     ulps, dtype = check_precision(ours.tr.model.dtype)
-    with record_noise() as draws:
+    with recorded_step_noise() as draws:
         batches = ours.sample(0)
     rec = batches[0].record.bookkeeping_on_cpu()  # index arithmetic on the host; latents stay where they are
     latents = rec.root_state

@@ -13,10 +13,14 @@ docs/results/peer_parity.json; tests/benchmarks/test_peer_parity_*.py run each w
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
+import sys
+import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -97,12 +101,23 @@ def markdown_table(reports: list[MethodReport]) -> str:
     for r in reports:
         w = r.worst()
         flags = all(s.stochastic[0] == s.stochastic[1] and s.trained[0] == s.trained[1] for s in r.steps)
-        x_share = max(s.dx / s.tol_x for s in r.steps if s.tol_x) if r.steps else 0.0
+        x_share = max((s.dx / s.tol_x for s in r.steps if s.tol_x), default=0.0)
         logps = [s.dlogp / s.tol_logp for s in r.steps if s.dlogp is not None and s.tol_logp]
         lp = "—" if w["log_prob"] is None else f"{w['log_prob']:.2g} ({max(logps):.3f})"
         lines.append(f"| {r.code} | {r.method} | `{r.commit[:7]}` | {len(r.steps)} | {'yes' if flags else 'NO'} | "
                      f"{w['sigma']:.2g} | {w['x']:.2g} ({x_share:.3f}) | {lp} | {'yes' if r.ok else 'NO'} |")
     return "\n".join(lines) + "\n"
+
+
+def read_reports(path: Path) -> list[MethodReport]:
+    """The reports ``write_reports`` wrote (to tabulate a run again)."""
+    out = []
+    for item in json.loads(Path(path).read_text()):
+        steps = [StepRow(**{**s, **{k: tuple(s[k]) for k in ("sigma", "sigma_next", "stochastic", "trained")}})
+                 for s in item["steps"]]
+        out.append(MethodReport(item["code"], item["method"], item["repository"], item["commit"], item["official"],
+                                steps, item["notes"]))
+    return out
 
 
 def write_reports(reports: list[MethodReport], path: Path) -> None:
@@ -135,6 +150,58 @@ def fed_draws(owner, attribute: str, draws: list[torch.Tensor]):
         setattr(owner, attribute, original)
     if queue:
         raise RuntimeError(f"the official code used {len(draws) - len(queue)} of flowgrpo's {len(draws)} draws")
+
+
+# the shipped tiny SD3 in place of a real SD3 model config's weights, float32 on the CPU, with a small LoRA
+TINY_SD3 = ["model.pretrained=tiny-sd3", "model.dtype=float32", "model.device=cpu", "model.resolution=32",
+            "model.max_sequence_length=16", "model.lora_rank=4", "model.lora_alpha=8", "model.gradient_checkpointing=false"]
+
+
+def tiny_sd3_recipe(preset: str, rewards: list[str], extra: tuple[str, ...] = ()):
+    """(resolved config, tiny SD3 with a perturbed LoRA, the plan of iteration 0): ``preset``'s recipe as it resolves on
+    sd3_5_medium for ``rewards``, the tiny weights swapped in (TINY_SD3; ``extra``: further overrides, e.g. a group
+    size or a negative control's). The LoRA is seeded and moved off zero, so the policy is not the base model."""
+    from flowgrpo.config import plan_schedule, resolve
+    from flowgrpo.models import load_model
+
+    names = ", ".join(f"{{name: {r}}}" for r in rewards)
+    cfg = resolve(preset, "sd3_5_medium", [f"rewards=[{names}]", *TINY_SD3, *extra]).config
+    with torch.random.fork_rng():  # the LoRA's gaussian init draws from the global generator: the same model each run
+        torch.manual_seed(0)
+        model = load_model(cfg.model)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.trainable_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return cfg, model, plan_schedule(cfg, model).plan(0)
+
+
+def import_folder(folder: Path, prefix: str, *modules: str) -> list:
+    """The modules ``modules`` of the checkout folder ``folder`` (a package with relative imports: diffusers_patch),
+    imported as a private package ``_<prefix>_official_<n>`` so two checkouts never share a module name."""
+    folder = Path(folder).resolve()
+    name = f"_{prefix}_official_{abs(hash(str(folder)))}"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [str(folder)]
+        sys.modules[name] = package
+    return [importlib.import_module(f"{name}.{module}") for module in modules]
+
+
+def nested(flat: dict) -> SimpleNamespace:
+    """{dotted key: value} as nested namespaces, as an official script reads its config (config.sample.num_steps)."""
+    root: dict = {}
+    for key, value in flat.items():
+        node = root
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+    def space(d):
+        return SimpleNamespace(**{k: space(v) if isinstance(v, dict) else v for k, v in d.items()})
+
+    return space(root)
 
 
 @contextlib.contextmanager

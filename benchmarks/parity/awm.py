@@ -28,15 +28,12 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib
-import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from parity import MethodReport, StepRow, recorded_step_noise, tolerance
+from parity import MethodReport, StepRow, import_folder, nested, tiny_sd3_recipe, recorded_step_noise, tolerance
 
 CODE = "advantage_weighted_matching"
 PATCH = f"{CODE}/flow_grpo/diffusers_patch"
@@ -49,8 +46,6 @@ ROLLOUTS = (("geneval", "geneval_sd3_no_cfg_1node"), ("pickscore", "pickscore_sd
 TIME_DRAWS = (("geneval", "geneval_sd3_no_cfg_1node"), ("ocr", "ocr_sd3_no_cfg_1node"),
               ("pickscore", "pickscore_sd3_no_cfg_1node"))
 PROMPTS = ("a red cube", "two green cones")
-TINY = ["model.pretrained=tiny-sd3", "model.dtype=float32", "model.device=cpu", "model.resolution=32",
-        "model.max_sequence_length=16", "model.lora_rank=4", "model.lora_alpha=8", "model.gradient_checkpointing=false"]
 U_GRID = 64  # evenly spaced u for the official draw's torch.rand
 KEYS = 256  # sample keys of flowgrpo's draw
 
@@ -62,13 +57,7 @@ def load_official(checkout) -> SimpleNamespace:
     if not (folder / "sd3_pipeline_with_logprob.py").is_file() or not (checkout.path / SCRIPT).is_file():
         raise FileNotFoundError(f"{checkout.path} is not a checkout of {REPOSITORY} (no {PATCH}/"
                                 "sd3_pipeline_with_logprob.py or {SCRIPT})")
-    name = f"_awm_official_{abs(hash(str(folder.resolve())))}"
-    if name not in sys.modules:
-        package = types.ModuleType(name)
-        package.__path__ = [str(folder)]
-        sys.modules[name] = package
-    pipeline = importlib.import_module(f"{name}.sd3_pipeline_with_logprob")
-    solver = importlib.import_module(f"{name}.sa_solver")
+    pipeline, solver = import_folder(folder, "awm", "sd3_pipeline_with_logprob", "sa_solver")
     return SimpleNamespace(pipeline_with_logprob=pipeline.pipeline_with_logprob, solver=solver)
 
 
@@ -78,18 +67,7 @@ def official_config(checkout, function: str) -> SimpleNamespace:
     from official import trace_ml_collections
 
     values, _ = trace_ml_collections(checkout, CONFIG, function, cwd=str(Path(checkout.path) / CODE))
-    root: dict = {}
-    for key, value in values.items():
-        node = root
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value.value
-
-    def space(d):
-        return SimpleNamespace(**{k: space(v) if isinstance(v, dict) else v for k, v in d.items()})
-
-    return space(root)
+    return nested({k: v.value for k, v in values.items()})
 
 
 def time_branch(checkout, time_type: str):
@@ -109,21 +87,8 @@ def time_branch(checkout, time_type: str):
 
 # ---------------------------------------------------------------------------------------------------- flowgrpo
 def flowgrpo_side(reward: str, extra: tuple[str, ...] = ()):
-    """(resolved config, tiny SD3 model with a perturbed LoRA, the iteration's plan) for the awm preset trained on
-    ``reward``: sd3_5_medium's recipe, the tiny weights swapped in (``extra``: further overrides, for the tests'
-    negative controls)."""
-    from flowgrpo.config import plan_schedule, resolve
-    from flowgrpo.models import load_model
-
-    cfg = resolve("awm", "sd3_5_medium", [f"rewards=[{{name: {reward}}}]", *TINY, *extra]).config
-    with torch.random.fork_rng():  # the LoRA's gaussian init draws from the global generator: the same model each run
-        torch.manual_seed(0)
-        model = load_model(cfg.model)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.trainable_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return cfg, model, plan_schedule(cfg, model).plan(0)
+    """The awm preset trained on ``reward`` on the tiny SD3 (``parity.tiny_sd3_recipe``)."""
+    return tiny_sd3_recipe("awm", [reward], extra)
 
 
 @contextlib.contextmanager

@@ -34,15 +34,12 @@ int64 timesteps / 1000) against those flowgrpo's forward learner draws (the grid
 from __future__ import annotations
 
 import ast
-import importlib
-import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from parity import MethodReport, StepRow, tolerance
+from parity import MethodReport, StepRow, import_folder, tolerance
 from parity.diffusion_nft import (PROMPTS, flowgrpo_rollout, flowgrpo_side, in_root_order, official_config, state,
                                   steps_of, transformer_inputs)
 
@@ -62,12 +59,7 @@ def load_official(checkout) -> SimpleNamespace:
     if not (folder / "sd3_pipeline_with_logprob.py").is_file() or not (Path(checkout.path) / SCRIPT).is_file():
         raise FileNotFoundError(f"{checkout.path} is not a checkout of {REPOSITORY} (no {PATCH}/"
                                 f"sd3_pipeline_with_logprob.py or {SCRIPT})")
-    name = f"_dgpo_official_{abs(hash(str(folder.resolve())))}"
-    if name not in sys.modules:
-        package = types.ModuleType(name)
-        package.__path__ = [str(folder)]
-        sys.modules[name] = package
-    pipeline = importlib.import_module(f"{name}.sd3_pipeline_with_logprob")
+    (pipeline,) = import_folder(folder, "dgpo", "sd3_pipeline_with_logprob")
     return SimpleNamespace(pipeline_with_logprob=pipeline.pipeline_with_logprob)
 
 

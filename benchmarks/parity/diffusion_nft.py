@@ -28,15 +28,12 @@ The notes give the timesteps both sides told the model.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from parity import MethodReport, StepRow, tolerance
+from parity import MethodReport, StepRow, import_folder, nested, tiny_sd3_recipe, tolerance
 
 PATCH = "flow_grpo/diffusers_patch"
 CONFIG = "config/nft.py"
@@ -45,9 +42,6 @@ REPOSITORY = "NVlabs/DiffusionNFT"
 ROLLOUTS = (("geneval", ["geneval"], "sd3_geneval"), ("several", ["pickscore", "hpsv2", "clipscore"], "sd3_multi_reward"))
 PROMPTS = ("a red cube", "two green cones")
 GROUP = 2  # samples per prompt on both sides (the recipe's 24 changes nothing step by step)
-TINY = ["model.pretrained=tiny-sd3", "model.dtype=float32", "model.device=cpu", "model.resolution=32",
-        "model.max_sequence_length=16", "model.lora_rank=4", "model.lora_alpha=8", "model.gradient_checkpointing=false",
-        f"sampling.plan.group_size={GROUP}"]
 
 
 # ---------------------------------------------------------------------------------------------------- the checkout
@@ -57,13 +51,7 @@ def load_official(checkout) -> SimpleNamespace:
     if not (folder / "pipeline_with_logprob.py").is_file() or not (folder / "solver.py").is_file():
         raise FileNotFoundError(f"{checkout.path} is not a checkout of {REPOSITORY} (no {PATCH}/pipeline_with_logprob.py "
                                 "or solver.py)")
-    name = f"_nft_official_{abs(hash(str(folder.resolve())))}"
-    if name not in sys.modules:
-        package = types.ModuleType(name)
-        package.__path__ = [str(folder)]
-        sys.modules[name] = package
-    pipeline = importlib.import_module(f"{name}.pipeline_with_logprob")
-    solver = importlib.import_module(f"{name}.solver")
+    pipeline, solver = import_folder(folder, "nft", "pipeline_with_logprob", "solver")
     return SimpleNamespace(pipeline_with_logprob=pipeline.pipeline_with_logprob, solver=solver)
 
 
@@ -73,37 +61,13 @@ def official_config(checkout, function: str, config_file: str = CONFIG) -> Simpl
     from official import trace_ml_collections
 
     values, _ = trace_ml_collections(checkout, config_file, function)
-    root: dict = {}
-    for key, value in values.items():
-        node = root
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value.value
-
-    def space(d):
-        return SimpleNamespace(**{k: space(v) if isinstance(v, dict) else v for k, v in d.items()})
-
-    return space(root)
+    return nested({k: v.value for k, v in values.items()})
 
 
 # ---------------------------------------------------------------------------------------------------- both sides
 def flowgrpo_side(preset: str, rewards: list[str], extra: tuple[str, ...] = ()):
-    """(resolved config, tiny SD3 with a perturbed LoRA, the iteration's plan): ``preset``'s recipe on sd3_5_medium
-    for ``rewards``, the tiny weights swapped in (``extra``: further overrides, for negative controls)."""
-    from flowgrpo.config import plan_schedule, resolve
-    from flowgrpo.models import load_model
-
-    names = ", ".join(f"{{name: {r}}}" for r in rewards)
-    cfg = resolve(preset, "sd3_5_medium", [f"rewards=[{names}]", *TINY, *extra]).config
-    with torch.random.fork_rng():  # the LoRA's gaussian init draws from the global generator: the same model each run
-        torch.manual_seed(0)
-        model = load_model(cfg.model)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.trainable_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return cfg, model, plan_schedule(cfg, model).plan(0)
+    """``preset``'s recipe for ``rewards`` on the tiny SD3 (``parity.tiny_sd3_recipe``), groups of GROUP."""
+    return tiny_sd3_recipe(preset, rewards, (f"sampling.plan.group_size={GROUP}", *extra))
 
 
 @contextlib.contextmanager

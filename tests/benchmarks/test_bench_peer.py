@@ -105,10 +105,13 @@ def test_timed_calls_times_a_network_called_directly_and_unhooks():
 
 
 @needs_peer
-def test_the_peer_computes_the_same_log_probs_from_the_same_noise(tiny_sd3_dir, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_peer_computes_the_same_log_probs_from_the_same_noise(tiny_sd3_dir, tmp_path, dtype):
+    """bfloat16: the reference pipeline hands its transformer float32 latents (accelerate autocasts them there);
+    the shared bf16 transformer takes them cast, as flowgrpo's adapter casts its own."""
     result = bench_peer.main(["--flow-grpo", PEER, "--check-only", "--prompts", "2", "--group", "2", "--steps", "4",
                               "--micro-batch", "4", f"model.pretrained={tiny_sd3_dir}", f"output_dir={tmp_path}",
-                              "model.resolution=32", "model.lora_rank=4", "model.lora_alpha=4.0"])
+                              "model.resolution=32", "model.lora_rank=4", "model.lora_alpha=4.0", f"model.dtype={dtype}"])
     assert [c["ok"] for c in result["checks"]] == [True, True, True]
     assert result["trained"] == 3 and len(result["peer_commit"]) >= 7
 

@@ -2,33 +2,16 @@
 against flowgrpo's ``awm`` preset, step by step, when AWM_PATH names a checkout of scxue/advantage_weighted_matching
 (its code is loaded from there at run time; the project ships none of it)."""
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from official_checkouts import needs_checkout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not os.environ.get("AWM_PATH"),
-                                 reason="set AWM_PATH to a checkout of scxue/advantage_weighted_matching")]
-
-
-@pytest.fixture(scope="module")
-def checkout():
-    pytest.importorskip("ml_collections",
-                        reason="AWM's launch configs are ml_collections (pip install -e '.[official]')")
-    from official import Checkout
-
-    return Checkout.from_env("scxue/advantage_weighted_matching", "AWM_PATH")
-
-
-@pytest.fixture(scope="module")
-def reports(checkout):
-    from parity import awm
-
-    return {r.method: r for r in awm.run(checkout)}
+CODE = "awm"
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_checkout(CODE)]
 
 
 def test_every_awm_setting_equals_the_official_code_step_by_step(reports):

@@ -9,25 +9,18 @@ deliberate differences (the default split noise, the -Mix window) are what the m
 fails."""
 
 import math
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from official_checkouts import needs_checkout, note, number
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from official import Checkout  # noqa: E402
-from official.branchgrpo import ENV, REPOSITORY  # noqa: E402
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not os.environ.get(ENV), reason=f"set {ENV} to a checkout of {REPOSITORY}")]
-
-
-@pytest.fixture(scope="module")
-def checkout():
-    return Checkout.from_env(REPOSITORY, ENV)
+CODE = "branchgrpo"
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_checkout(CODE)]
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +28,6 @@ def reports(checkout):
     from parity import branchgrpo
 
     return {r.method.split(" ")[0]: r for r in branchgrpo.run(checkout)}
-
-
-def note(report, start: str) -> str:
-    found = [n for n in report.notes if n.startswith(start)]
-    assert len(found) == 1, (start, report.notes)
-    return found[0]
-
-
-def number(text: str, after: str) -> float:
-    return float(text.split(after, 1)[1].split(" ")[0].rstrip("),;"))
 
 
 def test_the_tree_follows_the_official_sampler_step_by_step(reports):

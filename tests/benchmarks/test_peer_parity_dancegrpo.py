@@ -7,25 +7,18 @@ predicted), the advantages (std_correction 1) and the optimizer steps' compositi
 official ones; each with its option off differs (the report's controls), and a changed η fails."""
 
 import math
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from official_checkouts import needs_checkout, note, number
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from official import Checkout  # noqa: E402
-from official.dancegrpo import ENV, REPOSITORY  # noqa: E402
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not os.environ.get(ENV), reason=f"set {ENV} to a checkout of {REPOSITORY}")]
-
-
-@pytest.fixture(scope="module")
-def checkout():
-    return Checkout.from_env(REPOSITORY, ENV)
+CODE = "dancegrpo"
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_checkout(CODE)]
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +28,6 @@ def report(checkout):
     reports = dancegrpo.run(checkout)
     assert len(reports) == 1
     return reports[0]
-
-
-def note(report, start: str) -> str:
-    found = [n for n in report.notes if n.startswith(start)]
-    assert len(found) == 1, (start, report.notes)
-    return found[0]
-
-
-def number(text: str, after: str) -> float:
-    return float(text.split(after, 1)[1].split(" ")[0].rstrip("),;"))
 
 
 def test_the_plan_follows_the_official_sampler_step_by_step(report):

@@ -3,35 +3,18 @@ script installs, on that scheduler's own grid, CFG 4.5) against flowgrpo's ``dgp
 step by step, when DGPO_PATH names a checkout of Luo-Yihong/DGPO (its code is loaded from there at run time; the
 project ships none of it)."""
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from official_checkouts import needs_checkout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not os.environ.get("DGPO_PATH"),
-                                 reason="set DGPO_PATH to a checkout of Luo-Yihong/DGPO")]
+CODE = "dgpo"
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_checkout(CODE)]
 
 RECIPE = "dgpo rollout [geneval] (DPMSolverMultistepScheduler, 10 steps)"
-
-
-@pytest.fixture(scope="module")
-def checkout():
-    pytest.importorskip("ml_collections",
-                        reason="DGPO's launch configs are ml_collections (pip install -e '.[official]')")
-    from official import Checkout
-
-    return Checkout.from_env("Luo-Yihong/DGPO", "DGPO_PATH")
-
-
-@pytest.fixture(scope="module")
-def reports(checkout):
-    from parity import dgpo
-
-    return {r.method: r for r in dgpo.run(checkout)}
 
 
 def test_every_dgpo_rollout_equals_the_official_code_step_by_step(reports):

@@ -3,33 +3,16 @@ scheduler computes) against flowgrpo's ``diffusion_nft`` preset on the real-mode
 DIFFUSION_NFT_PATH names a checkout of NVlabs/DiffusionNFT (its code is loaded from there at run time; the project
 ships none of it)."""
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from official_checkouts import needs_checkout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not os.environ.get("DIFFUSION_NFT_PATH"),
-                                 reason="set DIFFUSION_NFT_PATH to a checkout of NVlabs/DiffusionNFT")]
-
-
-@pytest.fixture(scope="module")
-def checkout():
-    pytest.importorskip("ml_collections",
-                        reason="DiffusionNFT's launch configs are ml_collections (pip install -e '.[official]')")
-    from official import Checkout
-
-    return Checkout.from_env("NVlabs/DiffusionNFT", "DIFFUSION_NFT_PATH")
-
-
-@pytest.fixture(scope="module")
-def reports(checkout):
-    from parity import diffusion_nft
-
-    return {r.method: r for r in diffusion_nft.run(checkout)}
+CODE = "diffusion_nft"
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_checkout(CODE)]
 
 
 def test_every_diffusion_nft_rollout_equals_the_official_code_step_by_step(reports):

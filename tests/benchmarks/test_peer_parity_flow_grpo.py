@@ -3,18 +3,18 @@ pipelines' CPS window at every start the official draw can take) against flowgrp
 ``flow_grpo_fast`` presets on the real model configs (tiny weights), step by step, when FLOW_GRPO_PATH names a
 checkout of yifan123/flow_grpo (its code is loaded from there at run time; the project ships none of it)."""
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from official_checkouts import needs_checkout
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+CODE = "flow_grpo"
 pytestmark = pytest.mark.usefixtures("one_thread")
-needs_checkout = pytest.mark.skipif(not os.environ.get("FLOW_GRPO_PATH"),
-                                    reason="set FLOW_GRPO_PATH to a checkout of yifan123/flow_grpo")
+needs_checkout = needs_checkout(CODE)  # the tests that compare with the checkout (the bookkeeping test needs none)
 
 
 def test_per_root_step_puts_each_trained_transition_at_its_root_and_step():
@@ -32,21 +32,6 @@ def test_per_root_step_puts_each_trained_transition_at_its_root_and_step():
     first = per_root_step(rec, rec.state.flatten(1)[:, 0].double(), 6)[:, 1]
     x1 = rec.root_state.flatten(1)[:, 0].double()  # step 0 is an ODE step here: x_1 ≠ x_T, but per root
     assert torch.isfinite(first).all() and not torch.equal(first, x1)
-
-
-@pytest.fixture(scope="module")
-def checkout():
-    pytest.importorskip("ml_collections", reason="Flow-GRPO's launch configs are ml_collections (pip install -e '.[official]')")
-    from official import Checkout
-
-    return Checkout.from_env("yifan123/flow_grpo", "FLOW_GRPO_PATH")
-
-
-@pytest.fixture(scope="module")
-def reports(checkout):
-    from parity import flow_grpo
-
-    return {r.method: r for r in flow_grpo.run(checkout)}
 
 
 @needs_checkout

@@ -8,32 +8,18 @@ grid). The advantages of three rewards (zsum of normalised weights, std_correcti
 the official run differs (a window cut at T − 2, a Flash tail of one point) are shown to differ."""
 
 import math
-import os
 import sys
 from pathlib import Path
 
 import pytest
+from official_checkouts import needs_checkout, number
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from official import Checkout  # noqa: E402
-from official.mixgrpo import ENV, REPOSITORY  # noqa: E402
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not os.environ.get(ENV), reason=f"set {ENV} to a checkout of {REPOSITORY}")]
-
-
-@pytest.fixture(scope="module")
-def checkout():
-    return Checkout.from_env(REPOSITORY, ENV)
-
-
-@pytest.fixture(scope="module")
-def reports(checkout):
-    from parity import mixgrpo
-
-    return {r.method: r for r in mixgrpo.run(checkout)}
+CODE = "mixgrpo"
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_checkout(CODE)]
 
 
 def test_every_preset_follows_the_official_sampler_step_by_step(reports):
@@ -60,10 +46,6 @@ def test_flash_takes_the_official_number_of_steps(reports):
 
 def notes(report, start: str) -> list[str]:
     return [n for n in report.notes if n.startswith(start)]
-
-
-def number(text: str, after: str) -> float:
-    return float(text.split(after, 1)[1].split(" ")[0].rstrip("),;"))
 
 
 def test_each_network_call_is_told_the_official_timestep(reports):
