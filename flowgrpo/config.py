@@ -17,54 +17,23 @@ import functools
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from flowgrpo.run.errors import ConfigError
+from samplers.rules import (  # noqa: F401  (re-exported: the schema's RULES tables use them)
+    FINITE, FLAG, MAPPING, TEXT, Rule, above, at_least, between, is_number, one_of, optional,
+)
 from flowgrpo.models.config import ModelConfig, validate_model_config
 from flowgrpo.run.paths import configs_dir
 
 
-@dataclass(frozen=True)
-class Rule:
-    """What values a config key takes: ``ok(value)`` and its words for the error (``allowed``). Each config class
-    declares a ``RULES`` table, key by key, beside its fields; ``validate`` derives every single-key check from those
-    tables (tests/engine/test_config_rules.py: every key has one)."""
-
-    ok: Callable[[Any], bool]
-    allowed: str
+# what each key takes: the constructors of samplers/rules.py, shared with the plan's and the window's own rules
+_number = is_number
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def one_of(*values) -> Rule:
-    return Rule(lambda v: v in values, f"one of {list(values)}")
-
-
-def at_least(low: float) -> Rule:
-    return Rule(lambda v: _number(v) and v >= low, f"a number >= {low:g}")
-
-
-def above(low: float) -> Rule:
-    return Rule(lambda v: _number(v) and v > low, f"a number > {low:g}")
-
-
-def between(low: float, high: float) -> Rule:
-    return Rule(lambda v: _number(v) and low <= v <= high, f"a number in [{low:g}, {high:g}]")
-
-
-def optional(rule: Rule) -> Rule:
-    return Rule(lambda v: v is None or rule.ok(v), f"null or {rule.allowed}")
-
-
-FINITE = Rule(_number, "a finite number")
-FLAG = Rule(lambda v: isinstance(v, bool), "true or false")
-TEXT = Rule(lambda v: isinstance(v, str), "a string")  # a name or path checked where it is used (preflight, loaders)
-MAPPING = Rule(lambda v: isinstance(v, dict), "a mapping {key: value}")
 NAMES = Rule(lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) and x.strip() for x in v),
              "a list of names, e.g. [brightness, toy]")
 BETAS = Rule(lambda v: isinstance(v, (tuple, list)) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v),
@@ -73,27 +42,6 @@ FOLDER_NAME = Rule(lambda v: isinstance(v, str) and v not in ("", ".", "..") and
                    and not any(c in v for c in ("/", "\\", "\0")),
                    "a plain folder name (no '/', '\\' or '..', no surrounding spaces): the run folder is "
                    "output_dir/run_name; put a path in output_dir= instead")
-
-_SOLVERS = ("euler", "dpmpp_2m", "sa_solver")  # samplers.SOLVER_NAMES (tests/engine/test_config_rules.py checks)
-
-
-def _order(*allowed: int) -> Rule:
-    return Rule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v in allowed, f"one of {list(allowed)}")
-
-
-# sampling.plan is a mapping of compose_plan arguments (samplers/plans.py), each checked where the plan is built; the
-# keys that choose a solver and its options are checked here, before anything loads, like every key of the schema
-PLAN_RULES: dict = {
-    "solver": one_of(*_SOLVERS),  # the ODE steps' solver: euler | dpmpp_2m | sa_solver (SA-Solver, docs/samplers.md)
-    "post_window_solver": one_of(*_SOLVERS),  # MixGRPO-Flash's solver after the window
-    "sa_tau": at_least(0),  # SA-Solver's noise τ (0: deterministic), on the steps whose end point is in sa_tau_window
-    "sa_tau_window": Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_number(b) for b in v)
-                          and 0 <= v[0] <= v[1] <= 1, "two numbers [lo, hi] with 0 <= lo <= hi <= 1, e.g. [0.3, 0.9]"),
-    "sa_predictor_order": _order(1, 2),  # SA-Solver's predictor order
-    "sa_corrector_order": _order(0, 1, 2),  # SA-Solver's corrector order (0 = the predictor alone)
-    "grid_ends": one_of("exact", "awm"),  # awm: σ_0 = 1 − 1e-3 and σ_{T−1} = σ_{T−2}/2, AWM's SA-Solver grid
-}
-
 
 @dataclass
 class SamplingConfig:
@@ -451,8 +399,17 @@ class Resolved:
     gives them) to the layer that set it last, one of LAYER_NAMES, with the file in brackets where there is one."""
 
     config: Config
-    provenance: dict
-    layers: list  # [(layer name, file or None)] in the order they were merged
+    merged: list = field(repr=False)  # [(layer name, file or None, the layer)] in the order they were merged
+
+    @property
+    def layers(self) -> list:
+        """[(layer name, file or None)] in the order they were merged."""
+        return [(name, where) for name, where, _ in self.merged]
+
+    @functools.cached_property
+    def provenance(self) -> dict:
+        """Computed when asked (``flowgrpo config``): a run's load does not pay for it."""
+        return _provenance(self.config, self.merged)
 
 
 # the layers of a run's configuration, first to last (``flowgrpo config`` prints each key's)
@@ -554,7 +511,7 @@ def resolve(preset: str | None = None, model: str | None = None, overrides: list
         raise ConfigError(f"rewards={cfg.rewards!r}: write each reward as {{name: NAME, weight: W}} (with a space after "
                           "each colon, or YAML reads 'name:toy' as one key), e.g. rewards='[{name: toy_dense, weight: 1.0}]'") from None
     validate(cfg)
-    return Resolved(cfg, _provenance(cfg, layers), [(name, where) for name, where, _ in layers])
+    return Resolved(cfg, layers)
 
 
 def _leaves(node, prefix: str = "") -> dict:
@@ -705,10 +662,7 @@ def validate(cfg: Config) -> None:
                           f"{sorted(samplers.METHOD_PRESETS)}")
     if not cfg.rewards:
         raise ConfigError("rewards is empty; give at least one, e.g. rewards=[{name: toy}]")
-    plan = plan_arguments(cfg)
-    for key, rule in PLAN_RULES.items():
-        if key in plan and not rule.ok(plan[key]):
-            raise ConfigError(f"sampling.plan.{key}={plan[key]!r} is not allowed; use {rule.allowed}")
+    plan = check_plan(cfg)
     if cfg.learner.name == "transition" and plan.get("kernel") == "ode" and not plan.get("side_steps"):
         raise ConfigError(
             f"sampling.method={cfg.sampling.method!r} rolls out with ODE steps only, which leaves the transition learner "
@@ -775,6 +729,57 @@ def validate(cfg: Config) -> None:
                           "drawn between them")
     if lc.name == "dgpo" and lc.share_draws != "group":
         raise ConfigError("learner.name=dgpo compares the members of a group on the same (t, ε): set learner.share_draws=group")
+
+
+MAX_ROLLOUT_NODES = 2**20  # states one rollout batch may hold: a million network calls per batch is days at real size
+
+
+def check_plan(cfg: Config) -> dict:
+    """sampling.plan and sampling.window under the rules of every other key, before anything loads: each key one
+    that the plan builder or the window schedule takes (samplers' PLAN_RULES, WINDOW_RULES, declared beside them),
+    each value allowed by its rule, then the schedule built and its plan at the window's first and last position,
+    so that arguments which do not fit together are refused in the builder's own words. Returns the plan's
+    arguments (``plan_arguments``)."""
+    import samplers
+    from samplers.plans import PLAN_RULES
+    from samplers.rules import refusal
+    from samplers.schedules import WINDOW_RULES
+
+    s, method = cfg.sampling, samplers.METHOD_PRESETS[cfg.sampling.method]
+    for section, given, rules in (("plan", s.plan, PLAN_RULES), ("window", s.window, WINDOW_RULES)):
+        unknown = sorted(set(given) - set(rules))
+        if unknown:
+            raise ConfigError(f"sampling.{section}.{unknown[0]} is not a key of the {section}; it takes {sorted(rules)}")
+    if s.window and method["window"] is None:
+        windowed = sorted(k for k, v in samplers.METHOD_PRESETS.items() if v["window"])
+        raise ConfigError(f"sampling.window.{sorted(s.window)[0]}: sampling.method={s.method} has no moving window (its "
+                          f"plan is the same every iteration); the methods with one: {windowed}")
+    plan = plan_arguments(cfg)
+    window = {**method["window"], **s.window} if method["window"] else {}
+    for section, values, rules in (("plan", plan, PLAN_RULES), ("window", window, WINDOW_RULES)):
+        for key, value in values.items():
+            message = refusal(f"sampling.{section}.{key}", value, rules[key])
+            if message:
+                raise ConfigError(message)
+    given = [f"sampling.{section}.{k}={v!r}" for section, values in (("plan", s.plan), ("window", s.window))
+             for k, v in values.items()]
+    shift = plan.get("shift") or s.shift or 3.0  # the model's shift is known once it loads; any shift builds alike
+    try:
+        schedule = samplers.method_schedule(s.method, plan={**s.plan, "shift": shift}, window=dict(s.window) or None)
+        plans = [schedule.plan_at(start) for start in
+                 (schedule.window.extreme_starts() if schedule.window is not None else (None,))]
+    except ValueError as exc:
+        where = f"with {', '.join(given)}" if given else "as its method sets it"
+        raise ConfigError(f"the rollout plan of sampling.method={s.method} {where} cannot be built: {exc}") from None
+    per_batch = cfg.train.prompts_per_iteration // max(1, s.batches_per_iteration)
+    nodes = max(p.node_count() for p in plans) * max(1, per_batch)
+    if nodes > MAX_ROLLOUT_NODES:
+        raise ConfigError(
+            f"the rollout plan of sampling.method={s.method} holds {nodes:,} states per rollout batch ({per_batch} prompts "
+            f"x {nodes // max(1, per_batch):,} per prompt: group_size, branch_factor**len(splits), side_children), more "
+            f"than {MAX_ROLLOUT_NODES:,}: it cannot finish in memory or in any sensible time; lower those, or "
+            "train.prompts_per_iteration, or raise sampling.batches_per_iteration")
+    return plan
 
 
 def plan_arguments(cfg: Config) -> dict:

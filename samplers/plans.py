@@ -25,8 +25,11 @@ from typing import Sequence
 
 import torch
 
-from samplers.grids import flash_grid, time_grid
+from samplers.grids import GRIDS, flash_grid, time_grid
 from samplers.kernels import DEFAULT_ETA, KERNEL_NAMES, kernel_coefficients
+from samplers.rules import (
+    FLAG, Rule, at_least, in_open_closed, integer, integers, interval, is_number, one_of, optional,
+)
 from samplers.solvers import SA_CORRECTOR_ORDERS, SA_PREDICTOR_ORDERS, SOLVER_NAMES
 from samplers.tree import template_for
 
@@ -134,6 +137,12 @@ class Plan:
             raise ValueError(f"leaf must be one of {LEAVES}, got {self.leaf!r}")
         for i, step in enumerate(self.steps):
             sigma, sigma_next = float(s32[i]), float(s32[i + 1])
+            for kernel, eta, what in ((step.kernel, step.eta, "eta"), (step.side_kernel if step.side else "ode",
+                                                                        step.side_eta, "side_eta")):
+                if kernel != "ode" and not self._finite(kernel, sigma, sigma_next, eta):
+                    raise ValueError(
+                        f"step {i} ({kernel}, η={eta:g}, σ {sigma:.4g} → {sigma_next:.4g}): its mean or noise "
+                        f"coefficients are not finite in float32, so its first sample would be NaN or inf; lower {what}")
             if step.trained and self._std(step.kernel, sigma, sigma_next, step.eta) <= 0:
                 raise ValueError(
                     f"step {i} ({step.kernel}, η={step.eta}, σ {sigma:.4g} → {sigma_next:.4g}) is "
@@ -163,6 +172,19 @@ class Plan:
     @staticmethod
     def _std(kernel, sigma, sigma_next, eta) -> float:
         return float(kernel_coefficients(kernel, sigma, sigma_next, eta)[2][0])
+
+    @staticmethod
+    def _finite(kernel, sigma, sigma_next, eta) -> bool:
+        return all(bool(torch.isfinite(c.float()).all()) for c in kernel_coefficients(kernel, sigma, sigma_next, eta))
+
+    def node_count(self) -> int:
+        """Nodes of one prompt's rollout tree (x_T included), in closed form from the steps: what the record stores
+        per prompt, known before the tree is built (``template_for`` enumerates them)."""
+        main, side, total = self.roots_per_prompt, 0, self.roots_per_prompt
+        for step in self.steps:
+            main, side = main * step.branch, side + main * step.side
+            total += main + side
+        return total
 
     @property
     def num_steps(self) -> int:
@@ -368,6 +390,45 @@ def compose_plan(
     )
 
 
+# Every argument of compose_plan (but ``window``, which the schedule sets, and ``name``) and what it takes: a config's
+# sampling.plan is checked against these before anything loads (flowgrpo/config.py); whether the arguments fit
+# together (a window inside the grid, split steps inside the steps, a trained step with a density) is checked by
+# building the plan. tests/samplers/test_plans.py checks the keys against the signature.
+MAX_STEPS = 1000  # the flow schedulers' num_train_timesteps: a finer grid has no network time to tell
+PLAN_RULES: dict[str, Rule] = {
+    "num_steps": integer(1, MAX_STEPS),
+    "shift": optional(Rule(lambda v: is_number(v) and v > 0, "a number > 0")),
+    "shift_terminal": optional(Rule(lambda v: is_number(v) and 0 < v < 1, "a number in (0, 1)")),
+    "grid": one_of(*GRIDS),
+    "kernel": one_of(*KERNEL_NAMES),
+    "eta": optional(at_least(0)),
+    "group_size": integer(1, 4096),
+    "initial_noise": one_of(*INITIAL_NOISE_MODES),
+    "solver": one_of(*SOLVER_NAMES),
+    "post_window_ratio": optional(in_open_closed(0, 1)),
+    "post_window_solver": one_of(*SOLVER_NAMES),
+    "train_fraction": in_open_closed(0, 1),
+    "train_last": FLAG,
+    "train_subset_fraction": optional(in_open_closed(0, 1)),
+    "splits": integers(0),
+    "branch_factor": integer(1, 64),
+    "split_noise": one_of(*SPLIT_NOISE_MODES),
+    "split_noise_scale": at_least(0),
+    "side_steps": integers(0),
+    "side_children": integer(0, 256),
+    "side_kernel": one_of(*KERNEL_NAMES),
+    "side_eta": optional(at_least(0)),
+    "side_weight": one_of(*SIDE_WEIGHTS),
+    "side_weight_scale": at_least(0),
+    "sa_tau": at_least(0),
+    "sa_tau_window": interval(0.0, 1.0),
+    "sa_predictor_order": one_of(*SA_PREDICTOR_ORDERS),
+    "sa_corrector_order": one_of(*SA_CORRECTOR_ORDERS),
+    "grid_ends": one_of(*GRID_ENDS),
+    "leaf": one_of(*LEAVES),
+}
+
+
 # Paper defaults per method (docs/math.md §2): compose_plan arguments, plus the window schedule that moves
 # the SDE window (None: the plan is the same every iteration). Presets are data: a config overrides
 # any key, and the combinations compose (e.g. branchgrpo_mix with kernel="sage_sde").
@@ -436,7 +497,9 @@ __all__ = [
     "INITIAL_NOISE_MODES",
     "LEAVES",
     "METHOD_PRESETS",
+    "MAX_STEPS",
     "NFE_CATEGORIES",
+    "PLAN_RULES",
     "Plan",
     "SIDE_WEIGHTS",
     "SPLIT_NOISE_MODES",

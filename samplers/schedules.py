@@ -21,9 +21,28 @@ from __future__ import annotations
 import math
 
 from samplers.grids import STREAM_WINDOW, derive_seed
-from samplers.plans import METHOD_PRESETS, Plan, compose_plan
+from samplers.plans import MAX_STEPS, METHOD_PRESETS, Plan, compose_plan
+from samplers.rules import FLAG, Rule, at_least, between, integer, one_of, optional
 
 WINDOW_STRATEGIES = ("progressive", "random", "linear_decay", "exp_decay", "frozen")
+
+# Every argument of WindowSchedule (but ``num_steps`` and ``seed``, the plan's and the run's) and what it takes; whether
+# they fit the plan's steps is checked by building the schedule (flowgrpo/config.py does both before anything loads).
+WINDOW_RULES: dict[str, Rule] = {
+    "size": integer(1, MAX_STEPS),
+    "strategy": one_of(*WINDOW_STRATEGIES),
+    "start": integer(0, MAX_STEPS),
+    "interval": integer(1),
+    "stride": integer(1, MAX_STEPS),
+    "roll_back": FLAG,
+    "interval_max": integer(1),
+    "interval_min": integer(1),
+    "decay_rate": at_least(0),
+    "decay_offset": integer(0, MAX_STEPS),
+    "low": integer(0, MAX_STEPS),
+    "high": optional(integer(0, MAX_STEPS)),
+    "high_fraction": optional(between(0, 1)),
+}
 
 
 class WindowSchedule:
@@ -71,6 +90,15 @@ class WindowSchedule:
         self.decay_rate, self.decay_offset = float(decay_rate), int(decay_offset)
         self.low, self.high, self.seed = int(low), int(high), int(seed)
         self._iteration, self._start, self._held = 0, self.initial, 0
+
+    def extreme_starts(self) -> tuple[int, ...]:
+        """The smallest and the largest start the window can take (one when it never moves): the plans a config
+        check builds to see that every position fits."""
+        if self.strategy == "frozen":
+            return (self.initial,)
+        if self.strategy == "random":
+            return tuple(sorted({self.low, self.high}))
+        return tuple(sorted({0 if self.roll_back else self.initial, self.last}))
 
     def interval_at(self, start: int) -> int:
         """τ: iterations the window holds position ``start`` before it moves."""
@@ -154,6 +182,10 @@ class PlanSchedule:
                 raise ValueError(f"bad plan arguments for {self.name!r}: {exc}") from exc
         return self._plans[start]
 
+    def plan_at(self, start: int | None) -> Plan:
+        """The plan with the window at ``start`` (None: a plan without a moving window)."""
+        return self._build(start)
+
     def window_start(self, iteration: int) -> int | None:
         return None if self.window is None else self.window.start_at(iteration)
 
@@ -192,4 +224,4 @@ def method_schedule(
     return PlanSchedule(plan_kwargs, schedule, name)
 
 
-__all__ = ["PlanSchedule", "WINDOW_STRATEGIES", "WindowSchedule", "method_schedule"]
+__all__ = ["PlanSchedule", "WINDOW_RULES", "WINDOW_STRATEGIES", "WindowSchedule", "method_schedule"]

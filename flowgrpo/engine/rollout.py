@@ -72,11 +72,9 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
                 reduce=sampling.reduce, log_prob_form=sampling.log_prob, nfe=policy.nfe, transitions=learner.needs_transitions,
             )
         if not bool(torch.isfinite(record.leaf_state).all()):
-            raise RuntimeError(
-                f"the policy's samples are NaN or inf at iteration {iteration}: training diverged; lower "
-                f"train.learning_rate (now {cfg.train.learning_rate:g}) or keep train.grad_clip on, and restart from a "
-                f"checkpoint of {cfg.run_dir / 'checkpoints'} (or with resume=false)"
-            )
+            with policy.using(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):
+                cause = nonfinite_cause(record, plan, policy.velocity_fn(cond, sampling.guidance_scale), model)
+            raise RuntimeError(f"the policy's samples are NaN or inf at iteration {iteration}: {cause}")
         chunk = 64 if modality == "image" else 8  # a decoded video weighs F images
         leaf_texts = [texts[p] for p in record.leaf_prompt.tolist()]
         leaf_meta = [metadata[p] for p in record.leaf_prompt.tolist()]
@@ -91,4 +89,46 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
     return batches
 
 
-__all__ = ["Batch", "PromptDraws", "sample"]
+def nonfinite_cause(record, plan, velocity, model) -> str:
+    """What became NaN or inf first in a rollout whose samples are not finite, and the advice that fits it: the
+    initial noise, the network's velocity at the first step (its weights, or its arithmetic on finite inputs and
+    weights), or the states of a later step (the first such step named, with its kernel and η)."""
+    lr = "lower train.learning_rate or keep train.grad_clip on, and restart from a checkpoint (or with resume=false)"
+    x = record.root_state[:8]
+    if not bool(torch.isfinite(x).all()):
+        return "the initial noise x_T is not finite (the sampler's draws; report this as a bug)"
+    sigma = torch.full((x.shape[0],), float(plan.sigmas[0]), dtype=torch.float32, device=x.device)
+    rows = torch.div(torch.arange(x.shape[0], device=x.device), plan.roots_per_prompt, rounding_mode="floor")
+    with torch.no_grad():
+        v = velocity(x, sigma, rows)
+    if not bool(torch.isfinite(v).all()):
+        bad = [n for n, p in model.transformer.named_parameters() if not bool(torch.isfinite(p).all())] \
+            if hasattr(model, "transformer") else []
+        if bad:
+            return f"the network's weights hold NaN or inf ({len(bad)} tensors, e.g. {bad[0]}): training diverged; {lr}"
+        return (f"the network's velocity at the first step (σ {float(plan.sigmas[0]):.4g}) is NaN or inf on finite "
+                f"inputs and weights: its arithmetic overflows in {model.dtype} (try model.dtype=bfloat16 or float32, or "
+                f"a smaller sampling.guidance_scale); if it began after some iterations: {lr}")
+    stored = set(record.step.unique().tolist()) if record.step.numel() else set()
+    if stored:
+        finite = torch.isfinite(record.next_state.flatten(1)).all(1)
+        if not bool(finite.all()):
+            return _after_steps([int(record.step[~finite].min())], plan, lr)
+    # the stored states are finite: the first non-finite one is after the last of them, in a step the record drops
+    return _after_steps([i for i in range(plan.num_steps) if i not in stored and i > max(stored, default=-1)], plan, lr)
+
+
+def _after_steps(steps: list[int], plan, lr: str) -> str:
+    """The cause of NaN states that first appear after one of ``steps`` (one: named with its σ, kernel and η)."""
+    def named(i):
+        step = plan.steps[i]
+        return (f"step {i} (σ {float(plan.sigmas[i]):.4g} → {float(plan.sigmas[i + 1]):.4g}, {step.kernel}"
+                + (f", η={step.eta:g})" if step.stochastic else f", {step.solver})"))
+
+    where = named(steps[0]) if len(steps) == 1 else f"one of steps {steps[0]}–{steps[-1]} (whose states the record does not keep)"
+    advice = "lower sampling.plan.eta, or " if any(plan.steps[i].stochastic for i in steps) else ""
+    return (f"the velocity at the first step is finite, and the states first became NaN or inf after {where}: "
+            f"{advice}if it began after some iterations, {lr}")
+
+
+__all__ = ["Batch", "PromptDraws", "nonfinite_cause", "sample"]

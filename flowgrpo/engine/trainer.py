@@ -37,6 +37,7 @@ from flowgrpo.engine.policy import Policy
 from flowgrpo.engine.scoring import Scoring
 from flowgrpo.models.memory import check_before_rollout
 from flowgrpo.run.checkpoint import checkpoint_dirs
+from flowgrpo.run.launch import check_launch, launched_without_accelerator
 from flowgrpo.run.interrupts import Interrupted, StopSignals, denoisers
 from flowgrpo.run.run_dir import RunWriter, check_run_config, require_video_writer
 from flowgrpo.run.threads import startup_line
@@ -50,8 +51,10 @@ class Trainer:
         from flowgrpo.models.config import family_modality
 
         self.cfg, t = cfg, cfg.train
-        self.acc = accelerator or Accelerator(cpu=t.cpu, mixed_precision=t.mixed_precision)
+        self.acc = accelerator or Accelerator(cpu=t.cpu or launched_without_accelerator(),
+                                              mixed_precision=t.mixed_precision)
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
+        check_launch(self.acc, cfg)
         processes_check(cfg, self.world)
         # one experiment per run folder: a rerun with another config is refused before anything loads
         check_run_config(cfg.run_dir, to_yaml(cfg), cfg.allow_config_change, schema_defaults())

@@ -77,6 +77,24 @@ TRAINING = [
     (["run_name=../../etc/evil"], r"run_name='../../etc/evil' is not allowed; use a plain folder name .*put a path in output_dir="),
     (["train.adam_betas=[1.5,0.9]"], r"train.adam_betas=\(1.5, 0.9\) is not allowed; use two numbers in \[0, 1\)"),
     (["--threads", "-1"], r"threads=-1 is not allowed; use a number >= 0 \(0 = automatic, N = exactly N CPU threads\)$"),
+    # the rollout plan and its window (samplers' PLAN_RULES, WINDOW_RULES, and the plan built before anything loads)
+    (["sampling.plan.num_steps=-3"], r"sampling.plan.num_steps=-3 is not allowed; use an integer in \[1, 1000\]$"),
+    (["sampling.plan.kernel=foo"], r"sampling.plan.kernel='foo' is not allowed; use one of \['ode', 'flow_sde', "
+                                   r"'dance_sde', 'cps', 'sage_sde'\]$"),
+    (["--preset", "flow_grpo", "sampling.plan.eta=nan"], r"sampling.plan.eta='nan' is not allowed; use null or a number "
+                                                         r">= 0$"),
+    (["sampling.plan.windw=3"], r"sampling.plan.windw is not a key of the plan; it takes \['branch_factor', 'eta', "),
+    (["--preset", "flow_grpo", "sampling.window.size=3"], r"sampling.window.size: sampling.method=flow_grpo has no "
+                                                          r"moving window .*the methods with one: \['branchgrpo_mix'"),
+    (["--preset", "mixgrpo", "sampling.window.size=30"], r"the rollout plan of sampling.method=mixgrpo with .*"
+                                                         r"sampling.window.size=30 cannot be built: window size 30 must "
+                                                         r"lie in \[1, num_steps=25\]$"),
+    (["--preset", "flow_grpo", "sampling.plan.eta=1e30"], r"cannot be built: step 0 \(flow_sde, η=1e\+30, σ 1 → [0-9.]+\): "
+                                                          r"its mean or noise coefficients are not finite in float32, so "
+                                                          r"its first sample would be NaN or inf; lower eta$"),
+    (["sampling.plan.group_size=4096", "sampling.plan.num_steps=1000"],
+     r"holds [0-9,]+ states per rollout batch .*more than 1,048,576: it cannot finish in memory or in any sensible "
+     r"time; lower those"),
 ]
 
 
@@ -203,7 +221,9 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "does not exist", "scores videos but the model makes images", "holds no model weights",
                      "--samples-per-prompt must be", "build it with", "threads=-1 is not allowed", "is not UTF-8 text", "cannot be created", "could not be loaded", "cannot load as a pipeline",
                      "already holds a run with another configuration", "no valid reward in",
-                     "holds a pretraining of other model sizes", "could not write checkpoint", "cannot be read (", "could not be built", "holds the control character", "is a prompt of", "a prompt set may be", "lacks transformer/", "this run cannot fit"):
+                     "holds a pretraining of other model sizes", "could not write checkpoint", "cannot be read (", "could not be built", "holds the control character", "is a prompt of", "a prompt set may be", "lacks transformer/", "this run cannot fit",
+                     "is not a key of the plan", "has no moving window", "cannot be built: ", "states per rollout batch",
+                     "the launch started", "the policy's samples are NaN or inf"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
 

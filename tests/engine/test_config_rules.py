@@ -6,6 +6,7 @@ from dataclasses import fields, is_dataclass
 import pytest
 
 from flowgrpo.config import Config, ConfigError, load_config
+from flowgrpo.run.paths import configs_dir
 
 
 def _keys(cls, prefix=""):
@@ -58,12 +59,11 @@ def test_a_value_outside_its_rule_is_one_line_naming_key_value_and_allowed(overr
 
 
 def test_the_plan_keys_that_choose_a_solver_follow_the_samplers():
-    """sampling.plan's solver keys (config.PLAN_RULES) allow what samplers/ builds, and SA-Solver's noise is refused
-    with the transition learner (it has no log-probs for those untrained steps), in one line naming the fix."""
+    """sampling.plan's solver keys (samplers.plans.PLAN_RULES) allow what samplers/ builds, and SA-Solver's noise is
+    refused with the transition learner (it has no log-probs for those untrained steps), in one line naming the fix."""
     import samplers
-    from samplers.plans import GRID_ENDS
+    from samplers.plans import GRID_ENDS, PLAN_RULES
     from samplers.solvers import SA_CORRECTOR_ORDERS, SA_PREDICTOR_ORDERS
-    from flowgrpo.config import PLAN_RULES
 
     assert [name for name in ("euler", "dpmpp_2m", "sa_solver", "heun") if PLAN_RULES["solver"].ok(name)] == list(
         samplers.SOLVER_NAMES)
@@ -109,23 +109,35 @@ WORLDS = {  # name -> (program, its default, extra arguments)
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("world", list(WORLDS))
-def test_every_leaf_key_fuzzed_ends_in_one_line_before_anything_loads(world, tmp_path, capsys, monkeypatch):
-    """Every leaf key of the world's config with each of BAD_VALUES (wrong types, negative, zero, NaN, ±inf, huge,
-    empty, path-like): a value its rule (or a cross-key check) refuses ends through the real entry point with exit 2,
-    one line, no traceback, before any model loads, with nothing written under output_dir and an existing run
-    folder untouched; a value that reaches preflight passed every check (a valid one: nothing is loaded). Every key
-    must refuse at least one value, and docs/errors.md states the counts."""
-    import re
-    from pathlib import Path
+def _plan_keys(method: str, preset: str | None = None) -> list[str]:
+    """The sampling.plan / sampling.window keys to fuzz: with no preset every key the plan builder and (for a windowed
+    method) the window schedule take; with a preset the keys its method, its file and its recipes set."""
+    import samplers
+    from samplers.plans import PLAN_RULES
+    from samplers.schedules import WINDOW_RULES
 
-    import flowgrpo.cli.train as cli
+    spec = samplers.METHOD_PRESETS[method]
+    if preset is None:
+        return [f"sampling.plan.{k}" for k in PLAN_RULES] + [f"sampling.window.{k}" for k in WINDOW_RULES
+                                                              if spec["window"] is not None]
+    import yaml
+
     from flowgrpo.run.paths import configs_dir
 
-    program, default, extra = WORLDS[world]
-    extra = [str(configs_dir() / "analytic.yaml") if e == "ANALYTIC" else e for e in extra]
-    base = str(configs_dir() / "analytic.yaml") if extra else None
+    data = yaml.safe_load((configs_dir() / "presets" / f"{preset}.yaml").read_text())
+    blocks = [data] + [data.get("recipe") or {}] + [b for key in ("recipe_by_family", "recipe_by_reward")
+                                                     for b in (data.get(key) or {}).values()]
+    plan, window = set(spec["plan"]), set(spec["window"] or {})
+    for block in blocks:
+        plan |= set(((block.get("sampling") or {}).get("plan") or {}))
+        window |= set(((block.get("sampling") or {}).get("window") or {}))
+    return [f"sampling.plan.{k}" for k in sorted(plan)] + [f"sampling.window.{k}" for k in sorted(window)]
+
+
+def _fuzz(monkeypatch, capsys, tmp_path, program, default, extra, keys) -> int:
+    """Each key with each of BAD_VALUES through the real entry point (see the tests below); the number refused."""
+    import flowgrpo.cli.train as cli
+
     class Accepted(Exception):
         """preflight reached: the value passed every config check (a valid value; nothing loads)."""
 
@@ -138,7 +150,7 @@ def test_every_leaf_key_fuzzed_ends_in_one_line_before_anything_loads(world, tmp
     existing.mkdir(parents=True)
     (existing / "marker").write_text("untouched")
     refused = 0
-    for _, name, key in _keys(Config):
+    for key in keys:
         refused_here = 0
         for value in BAD_VALUES:
             override = f"{key}={value}"
@@ -160,7 +172,51 @@ def test_every_leaf_key_fuzzed_ends_in_one_line_before_anything_loads(world, tmp
         assert refused_here, f"{key}: none of {BAD_VALUES} is refused"
     assert sorted(p.name for p in out.iterdir()) == ["kept"] and [p.name for p in existing.iterdir()] == ["marker"]
     assert (existing / "marker").read_text() == "untouched"
+    return refused
+
+
+def _stated(pattern: str) -> tuple[int, int]:
+    import re
+    from pathlib import Path
+
     doc = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
-    stated = re.search(rf"{world}:\s+(\d+)\s+keys,\s+(\d+)\s+bad\s+values\s+refused", doc)
-    keys = sum(1 for _ in _keys(Config))
-    assert stated and (int(stated[1]), int(stated[2])) == (keys, refused), (world, keys, refused)
+    found = re.search(pattern, doc)
+    assert found, pattern
+    return int(found[1]), int(found[2])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", list(WORLDS))
+def test_every_leaf_key_fuzzed_ends_in_one_line_before_anything_loads(world, tmp_path, capsys, monkeypatch):
+    """Every leaf key of the world's config, and every key its rollout plan (and window) takes, with each of
+    BAD_VALUES (wrong types, negative, zero, NaN, ±inf, huge, empty, path-like): a value its rule (or a cross-key
+    check, or the plan's own construction) refuses ends through the real entry point with exit 2, one line, no
+    traceback, before any model loads, with nothing written under output_dir and an existing run folder untouched; a
+    value that reaches preflight passed every check (a valid one: nothing is loaded). Every key must refuse at least
+    one value, and docs/errors.md states the counts."""
+    program, default, extra = WORLDS[world]
+    extra = [str(configs_dir() / "analytic.yaml") if e == "ANALYTIC" else e for e in extra]
+    base = str(configs_dir() / "analytic.yaml") if extra else None
+    method = load_config(None, None, [], base=base, default=default).sampling.method
+    keys = [key for _, _, key in _keys(Config)] + _plan_keys(method)
+    refused = _fuzz(monkeypatch, capsys, tmp_path, program, default, extra, keys)
+    assert _stated(rf"{world}:\s+(\d+)\s+keys,\s+(\d+)\s+bad\s+values\s+refused") == (len(keys), refused), \
+        (world, len(keys), refused)
+
+
+PRESET_NAMES = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
+
+
+@pytest.mark.slow
+def test_every_presets_plan_and_window_keys_fuzzed_end_in_one_line(tmp_path, capsys, monkeypatch):
+    """With each preset (the image world), every plan and window key its method, its file and its recipes set, fuzzed
+    as above; docs/errors.md states the total."""
+    total_keys = total_refused = 0
+    for preset in PRESET_NAMES:
+        method = load_config(preset, None, []).sampling.method
+        keys = _plan_keys(method, preset)
+        total_refused += _fuzz(monkeypatch, capsys, tmp_path / preset, "train_t2i.py", "default", ["--preset", preset],
+                               keys)
+        total_keys += len(keys)
+    assert _stated(r"with each preset:\s+(\d+)\s+plan and window keys,\s+(\d+)\s+bad\s+values\s+refused") == \
+        (total_keys, total_refused), (total_keys, total_refused)

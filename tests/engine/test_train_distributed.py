@@ -21,15 +21,24 @@ from train_fixtures import overrides
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(nproc: int, model_dir: str, out: Path, preset: str | None) -> Path:
+def _run(nproc: int, model_dir: str, out: Path, preset: str | None, launcher: str = "torchrun") -> Path:
+    """``torchrun`` with ACCELERATE_USE_CPU (the CPU launch as docs/scaling.md writes it), or ``accelerate`` as a
+    user types it on a machine without GPUs: ``accelerate launch --config_file configs/accelerate/fsdp2.yaml
+    --num_processes N`` and no CPU flag."""
     args = overrides(model_dir, out, **{"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4,
                                         "train.iterations": 2, "train.prompts_per_iteration": 4,
                                         "train.learning_rate": 1e-4})  # small steps: Adam magnifies rounding
     args += ["rewards=[{name: 'train_fixtures:Brightness'}]"]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           str(ROOT / "train_t2i.py"), *(["--preset", preset] if preset else []), *args]
+    if launcher == "torchrun":
+        env["ACCELERATE_USE_CPU"] = "true"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    else:
+        env.pop("ACCELERATE_USE_CPU", None)
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "configs" / "accelerate" / "fsdp2.yaml"), "--num_processes", str(nproc)]
+    cmd += [str(ROOT / "train_t2i.py"), *(["--preset", preset] if preset else []), *args]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "tiny-sd3-toy"
@@ -51,3 +60,33 @@ def test_two_processes_equal_one(tiny_sd3_dir, tmp_path, preset, counted):
     for key in (k for k in wa if k.startswith("weights.")):
         # Adam turns near-zero gradient differences into O(lr) steps on single elements: compare norms
         assert (wa[key] - wb[key]).norm() <= 1e-2 * wa[key].norm() + 1e-8, key  # measured: ~2e-3
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+def test_an_accelerate_launch_on_a_machine_without_gpus_is_one_run(tiny_sd3_dir, tmp_path):
+    """``accelerate launch --config_file configs/accelerate/fsdp2.yaml --num_processes 2`` with no --cpu on a CPU
+    machine: the two processes form one run (each row written once, the one-process gradient norm) instead of two
+    runs that each train the whole batch into the same folder (which logged every row twice at twice the norm)."""
+    if torch.cuda.is_available():
+        pytest.skip("a machine with GPUs launches one process per GPU")
+    one = _run(1, tiny_sd3_dir, tmp_path / "one", "flow_grpo")
+    two = _run(2, tiny_sd3_dir, tmp_path / "two", "flow_grpo", launcher="accelerate")
+    rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
+    assert [r["iteration"] for r in rows[1]] == [1, 2]
+    assert [r["grad_norm"] for r in rows[0]] == pytest.approx([r["grad_norm"] for r in rows[1]], rel=2e-3)
+
+
+def test_a_launch_whose_processes_are_not_one_run_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    from flowgrpo.run.errors import ConfigError
+    from flowgrpo.run.launch import check_launch
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = SimpleNamespace(run_dir=Path("runs/x"))
+    with pytest.raises(ConfigError, match=r"^the launch started 2 processes \(WORLD_SIZE\) but accelerate put this one "
+                                          r"in a run of 1 .*add --cpu \(train.cpu=true\)$"):
+        check_launch(SimpleNamespace(num_processes=1), cfg)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check_launch(SimpleNamespace(num_processes=1), cfg)

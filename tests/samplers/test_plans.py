@@ -349,3 +349,37 @@ def test_the_linear_float32_grid_is_the_linear_grid_computed_as_the_flux_codes_c
     assert torch.equal(grid.float(), by_hand) and grid[0] == 1.0 and grid[-1] == 0.0
     assert (grid - time_grid(20, 3.0).float().double()).abs().max() <= torch.finfo(torch.float32).eps
     assert float(grid[6]) < 0.875 == float(time_grid(20, 3.0).float()[6])
+
+
+def test_every_plan_and_window_argument_declares_its_rule():
+    """PLAN_RULES / WINDOW_RULES name exactly the arguments of compose_plan (but window and name) and of
+    WindowSchedule (but num_steps and seed), and every method preset's values pass them."""
+    import inspect
+
+    from samplers.plans import PLAN_RULES
+    from samplers.schedules import WINDOW_RULES
+
+    plan_args = set(inspect.signature(compose_plan).parameters) - {"window", "name"}
+    window_args = set(inspect.signature(WindowSchedule).parameters) - {"num_steps", "seed"}
+    assert set(PLAN_RULES) == plan_args and set(WINDOW_RULES) == window_args
+    for name, preset in METHOD_PRESETS.items():
+        bad = [k for k, v in preset["plan"].items() if not PLAN_RULES[k].ok(v)]
+        bad += [k for k, v in (preset["window"] or {}).items() if not WINDOW_RULES[k].ok(v)]
+        assert not bad, (name, bad)
+    assert not PLAN_RULES["group_size"].ok(True) and not PLAN_RULES["sa_corrector_order"].ok(False)  # no bools
+
+
+@pytest.mark.parametrize("name", sorted(METHOD_PRESETS))
+def test_the_closed_form_node_count_is_the_trees(name):
+    plan = method_schedule(name, plan={"group_size": 3}).plan(0)
+    from samplers.tree import template_for
+
+    assert plan.node_count() == int(template_for(plan).node_parent.numel())
+
+
+def test_a_step_whose_coefficients_overflow_float32_is_refused_naming_eta():
+    compose_plan(10, eta=5.0)
+    with pytest.raises(ValueError, match=r"step 0 \(flow_sde, η=1e\+30.*not finite in float32.*lower eta"):
+        compose_plan(10, eta=1e30)
+    with pytest.raises(ValueError, match="lower side_eta"):
+        compose_plan(10, kernel="ode", side_steps=(2,), side_eta=1e30)
