@@ -337,7 +337,7 @@ class Config:
 RENAMED_METHODS = {"dance_grpo": "dancegrpo", "sage_grpo": "sage", "branch_grpo": "branchgrpo",
                    "branch_grpo_mix": "branchgrpo_mix", "tempflow_grpo": "tempflow"}
 
-# the learners of flowgrpo/engine/learners/ (its LEARNERS registry; tests/engine/test_learners.py keeps the two equal)
+# the learners of flowgrpo/engine/learners/ (its LEARNERS registry; tests/engine/test_policy.py keeps the two equal)
 LEARNER_NAMES = ("transition", "diffusion_nft", "awm", "dgpo")
 
 

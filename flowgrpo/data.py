@@ -9,6 +9,7 @@ import torch
 
 import samplers
 from flowgrpo.run.errors import UserError
+from samplers.grids import STREAM_PROMPT_GROUPS, STREAM_PROMPT_IN_GROUP, STREAM_PROMPT_PASS
 from worlds import analytic
 from worlds.toy import clips, scenes
 
@@ -126,9 +127,9 @@ def draw_prompt(position: int, count: int, seed: int, groups: list[list[int]] | 
 
     if groups is None:
         epoch, offset = divmod(position, count)
-        return int(permutation(count, 7, epoch)[offset])
+        return int(permutation(count, STREAM_PROMPT_PASS, epoch)[offset])
     cycle, k = divmod(position, len(groups))
-    group = int(permutation(len(groups), 8, cycle)[k])
+    group = int(permutation(len(groups), STREAM_PROMPT_GROUPS, cycle)[k])
     members = groups[group]
     epoch, offset = divmod(cycle, len(members))
-    return members[int(permutation(len(members), 9, group, epoch)[offset])]
+    return members[int(permutation(len(members), STREAM_PROMPT_IN_GROUP, group, epoch)[offset])]

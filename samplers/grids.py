@@ -26,11 +26,20 @@ import torch
 _MASK64 = (1 << 64) - 1
 _SEED_BASIS = 0x6A09E667F3BCC908  # first 64 bits of frac(sqrt(2)); any fixed constant works
 
-# Independent random streams of one rollout (first part of every derived seed).
+# Every random stream of a run, in one place (the values are part of every run's results: never renumber one).
+# The rollout's streams are the first part of their derived seeds: derive_seed(stream, run_seed, iteration, ...).
 STREAM_INITIAL_NOISE = 1  # x_T of a root (or of a group of roots sharing it)
 STREAM_STEP_NOISE = 2  # ε of the transition out of one node
 STREAM_TRAIN_SUBSET = 3  # DanceGRPO's random subset of trained steps, per root
 STREAM_WINDOW = 4  # random window starts (Flow-GRPO-Fast, MixGRPO "random")
+STREAM_TRAIN_DRAWS = 101  # the (t, ε) draws of the forward-process learners, per sample (learners/forward.py)
+# The streams below come second, after the run's seed: make_generator(run_seed, stream, ...).
+STREAM_PROMPT_PASS = 7  # flowgrpo.data.draw_prompt: the order of the prompts in each pass
+STREAM_PROMPT_GROUPS = 8  # ... with train.balance_by: the order of the groups in each cycle
+STREAM_PROMPT_IN_GROUP = 9  # ... and of each group's prompts in each pass over it
+STREAM_UPDATE_ORDER = 11  # the transition learner's order of its training units over the updates of an epoch
+STREAM_FORWARD_UPDATE_ORDER = 13  # the forward-process learners' order of their groups (or dealt samples)
+EVAL_SEED_OFFSET = 12345  # held-out evaluation's seed: the run's seed + this, the same at every evaluation
 
 
 def _mix64(z: int) -> int:
@@ -179,9 +188,16 @@ def flash_grid(num_steps: int, shift: float, window_end: int, ratio: float, term
 
 
 __all__ = [
+    "EVAL_SEED_OFFSET",
+    "STREAM_FORWARD_UPDATE_ORDER",
     "STREAM_INITIAL_NOISE",
+    "STREAM_PROMPT_GROUPS",
+    "STREAM_PROMPT_IN_GROUP",
+    "STREAM_PROMPT_PASS",
     "STREAM_STEP_NOISE",
+    "STREAM_TRAIN_DRAWS",
     "STREAM_TRAIN_SUBSET",
+    "STREAM_UPDATE_ORDER",
     "STREAM_WINDOW",
     "derive_seed",
     "finish_seed",

@@ -95,20 +95,21 @@ class AlwaysNaN(Reward):
         return RewardOutput(torch.full((len(prompts),), float("nan")))
 
 
-def train_and_check(cfg):
+def train_and_check(cfg, gallery: bool = False):
     """Train ``cfg``'s two-iteration run and check the end-to-end contract: two logged updates, each with a
     finite, bounded loss and something trained (transitions, or clean samples for a forward-process
     learner); the learner's contract at inner epoch 0 — ρ = 1 exactly (the transition learner, AWM), or
     v⁺ = v_old in the first iteration, where θ_old = θ (DiffusionNFT); some trainable parameter changed.
-    The entry point's end of a run follows: the review site (gallery/) is built. Returns the trainer, the run
-    directory and its metrics.jsonl rows."""
+    With ``gallery`` the entry point's end of a run follows: the review site (gallery/) is built (the tests of
+    the gallery itself are tests/gallery/). Returns the trainer, the run directory and its metrics.jsonl rows."""
     from flowgrpo.cli.train import build_gallery
     from flowgrpo.engine.trainer import Trainer
 
     trainer = Trainer(cfg)
     before = [p.detach().clone() for p in trainer.policy.params]
     trainer.train()
-    build_gallery(cfg)
+    if gallery:
+        build_gallery(cfg)
     run = Path(cfg.run_dir)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in rows if "loss" in r]
@@ -122,3 +123,62 @@ def train_and_check(cfg):
         assert updates[0]["max_abs_vplus_minus_vold_epoch0"] == 0.0
     assert sum(not torch.equal(a, b) for a, b in zip(before, trainer.policy.params)) > 0, "no trainable parameter changed"
     return trainer, run, rows
+
+
+# ------------------------------------------------------------------------------------------ shared by the engine tests
+# preset -> overrides that keep it small on the tiny models but keep its structure (tests/engine/test_train_presets.py
+# checks every preset file is here)
+TINY_PRESETS = {
+    "flow_grpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4},
+    "flow_grpo_fast": {"sampling.plan.group_size": 2},
+    "dancegrpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 6},
+    "mixgrpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 8, "sampling.window.interval": 1},
+    "mixgrpo_flash": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 8, "sampling.window.interval": 1},
+    "mixgrpo_flash_star": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 8},
+    "branchgrpo": {"sampling.plan.num_steps": 8, "sampling.plan.splits": "[0,3]"},
+    "branchgrpo_mix": {"sampling.plan.num_steps": 8, "sampling.plan.splits": "[0,3]", "sampling.window.interval": 1},
+    "tempflow": {"sampling.plan.num_steps": 4, "sampling.plan.side_steps": "[0,1,2]", "sampling.plan.side_children": 2},
+    "grpo_guard": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4},
+    "sage": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "loss.anchor_refresh": 1},
+    "diffusion_nft": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
+    "awm": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
+    "dgpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2, "learner.time_min": 0.5},
+}
+
+
+def analytic_trainer(tmp_path, preset, *extra):
+    """A trainer of ``preset`` on the analytic world (configs/analytic.yaml) with ``extra`` overrides."""
+    from flowgrpo.config import load_config
+    from flowgrpo.run.paths import configs_dir
+    from flowgrpo.engine.trainer import Trainer
+
+    return Trainer(load_config(preset, None, [f"output_dir={tmp_path}", "log.progress=false", *extra],
+                               base=str(configs_dir() / "analytic.yaml")))
+
+
+COMMON = ["resume=false", "log.progress=false", "log.gallery=false", "log.samples_every=0", "eval.every=0",
+          "eval.at_start=false", "log.save_every=0"]
+
+
+def trainer_for(tmp_path, preset, *overrides):
+    """An analytic-world trainer (analytic_trainer), quiet, not resuming unless told."""
+    return analytic_trainer(tmp_path, preset, *COMMON, *overrides)
+
+
+def analytic_rollout(tmp_path, preset, *overrides):
+    """An analytic-world trainer and its first iteration's rollout: (trainer, plan, batches, records on the host)."""
+    from flowgrpo.config import load_config
+    from flowgrpo.engine.trainer import Trainer
+    from flowgrpo.run.paths import configs_dir
+
+    cfg = load_config(preset, None, [f"output_dir={tmp_path}", "resume=false", "log.progress=false",
+                                     "log.gallery=false", "log.samples_every=0", "eval.at_start=false", *overrides],
+                      base=str(configs_dir() / "analytic.yaml"))
+    trainer = Trainer(cfg)
+    plan = trainer.schedule.plan(0)
+    batches = trainer.sample(0, plan)
+    for b in batches:  # the analytic reward's own futures are not needed: the tests hand the rewards in
+        for f in b.rewards:
+            f.result()
+    records = [b.record.bookkeeping_on_cpu() for b in batches]
+    return trainer, plan, batches, records

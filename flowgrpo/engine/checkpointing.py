@@ -10,8 +10,9 @@ A checkpoint (``checkpoints/step_<n>/``, written atomically by flowgrpo/run/chec
   model/                the evaluation weights (the EMA when kept) as diffusers writes them: a LoRA file
                         (``pipe.load_lora_weights``) or the transformer folder
 Every random draw is a pure function of (seed, iteration, prompt slot, node), and the learning rate a
-function of the iteration, so a resumed run continues bit-identically (tests/engine/test_resume.py), also
-sharded; a checkpoint of N processes resumes at M (tests/engine/test_sharded.py). Every process calls both.
+function of the iteration, so a resumed run continues bit-identically
+(tests/engine/test_train_resume_and_config.py), also sharded; a checkpoint of N processes resumes at M
+(tests/engine/test_sharded.py). Every process calls both.
 """
 
 from __future__ import annotations

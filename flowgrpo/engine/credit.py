@@ -6,7 +6,7 @@ One module holds every rule (docs/math.md §3 "Advantages", §2 BranchGRPO and T
   the weighted sum of raw rewards); one reward is scaled by its weight (−1 minimises it);
 - ``group_zscore``: A = (r − group mean)/(group or global std + eps), or r − group mean (Dr. GRPO);
 - ``tree_advantages`` / ``path_weighted_values``: BranchGRPO's depth-wise advantages of node values;
-- ``best_of_n_mask``: DanceGRPO's best-of-N filter; ``win_rates``: Pref-GRPO's pairwise rewards;
+- ``best_of_n_mask``: DanceGRPO's best-of-N filter (Pref-GRPO's pairwise win rates are the VLM judge's, rewards/vlm.py);
 - ``assign``: the iteration's rule, applied to the rollout records: gather every process's rewards,
   combine, z-score, take tree values where the plan branches, filter best-of-N, clip, and hand each
   trained transition the advantage of its x' node (``Trajectory.transition_values``: for a chain its
@@ -226,16 +226,6 @@ def combine_rewards(rewards: torch.Tensor, weights: torch.Tensor, groups: torch.
     if mode == "sum":
         return (rewards * weights.to(rewards)).sum(1)
     raise ValueError(f"multi_reward={mode!r}; use 'gdpo', 'zsum' or 'sum'")
-
-
-def win_rates(preferences: torch.Tensor) -> torch.Tensor:
-    """Pref-GRPO: preferences [G, G] with p[i, j] = 1 if i beats j, 0.5 tie, 0 loss (diagonal
-    ignored) -> win rate of each member over the other G − 1 [G]."""
-    g = preferences.shape[0]
-    if preferences.shape != (g, g) or g < 2:
-        raise ValueError(f"preferences must be a square [G, G] matrix with G ≥ 2, got {tuple(preferences.shape)}")
-    off = ~torch.eye(g, dtype=torch.bool)
-    return (preferences.double() * off).sum(1).div(g - 1).float()
 
 
 def tree_advantages(node_values: torch.Tensor, node_depth: torch.Tensor, eps: float = 1e-4,

@@ -17,8 +17,8 @@ import torch
 from flowgrpo.data import read_prompts
 from flowgrpo.engine.watch import Watch, alarm_line
 from flowgrpo.evaluate import before_after, before_after_lines, evaluate, second_half_level
+from samplers.grids import EVAL_SEED_OFFSET
 
-EVAL_SEED_OFFSET = 12345  # held-out noise seeds: the run's seed + this, the same at every evaluation
 
 
 class HeldOut:

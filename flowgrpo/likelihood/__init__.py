@@ -108,11 +108,6 @@ def transition_terms(
     )
 
 
-def transition_log_prob(x, v, x_next, a, b, std, *, reduce: str = "mean", backend: str | None = None):
-    """Just the log-prob [N] (the rollout's and the plain GRPO learner's need)."""
-    return transition_terms(x, v, x_next, a, b, std, reduce=reduce, backend=backend).log_prob
-
-
 __all__ = [
     "BACKENDS",
     "TransitionTerms",
@@ -124,7 +119,6 @@ __all__ = [
     "resolve_backend",
     "set_backend_override",
     "transition_coefficients",
-    "transition_log_prob",
     "transition_terms",
     "use_backend",
 ]

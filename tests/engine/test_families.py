@@ -17,8 +17,7 @@ from safetensors.torch import load_file
 
 from flowgrpo.config import load_config
 from flowgrpo.engine.trainer import Trainer
-from test_train_presets import PRESETS
-from train_fixtures import PLUGIN_REWARD, VIDEO_PLUGIN_REWARD, overrides, train_and_check
+from train_fixtures import PLUGIN_REWARD, TINY_PRESETS as PRESETS, VIDEO_PLUGIN_REWARD, overrides, train_and_check
 from worlds.toy import scenes
 
 VIDEO = {"prompts": "toy-video-train", "eval.prompts": "toy-video-eval", "eval.reward": "toy_video", "eval.limit": 2,

@@ -13,6 +13,7 @@ from flowgrpo.engine.learners.awm import awm_log_likelihood, awm_loss
 from flowgrpo.engine.learners.dgpo import dgpo_clip_mask, dgpo_group_objective
 from flowgrpo.engine.copies import WeightCopy, soft_keep
 from flowgrpo.engine.learners.nft import nft_loss, optimality_probability
+from train_fixtures import analytic_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -211,15 +212,6 @@ def test_soft_copy_schedule_and_update():
 # ------------------------------------------------------------------------------------------------
 # the training draws (t, ε)
 # ------------------------------------------------------------------------------------------------
-def analytic_trainer(tmp_path, preset, *extra):
-    from flowgrpo.config import load_config
-    from flowgrpo.run.paths import configs_dir
-    from flowgrpo.engine.trainer import Trainer
-
-    return Trainer(load_config(preset, None, [f"output_dir={tmp_path}", "log.progress=false", *extra],
-                               base=str(configs_dir() / "analytic.yaml")))
-
-
 def test_draws_are_pure_functions_of_their_keys_and_stay_in_the_time_range(tmp_path):
     from flowgrpo.engine.learners.forward import DrawSpace, Sample
 

@@ -19,7 +19,6 @@ from flowgrpo.engine.credit import (
     group_zscore,
     path_weighted_values,
     tree_advantages,
-    win_rates,
 )
 from flowgrpo import likelihood
 from flowgrpo.engine.loss import clipped_policy_loss, gaussian_kl, ppo_clip, step_weights
@@ -441,23 +440,6 @@ def test_combine_rewards_single_reward_passthrough_and_bad_mode():
         combine_rewards(torch.stack([R0, R1], 1), W, GROUPS6, "product", 1e-4)
 
 
-# ------------------------------------------------------------------------------------------------
-# 8. Pref-GRPO win rates
-# ------------------------------------------------------------------------------------------------
-def test_win_rates_with_a_tie():
-    # 0 beats 1 and 2; 1 and 2 tie. Diagonal is garbage (ignored).
-    #   rate_0 = (1 + 1)/2 = 1; rate_1 = (0 + 0.5)/2 = 0.25; rate_2 = (0 + 0.5)/2 = 0.25
-    p = torch.tensor([[7.0, 1.0, 1.0], [0.0, 7.0, 0.5], [0.0, 0.5, 7.0]])
-    assert win_rates(p).tolist() == [1.0, 0.25, 0.25]
-    # 0 beats 1, 0 ties 2, 2 beats 1 → [0.75, 0, 0.75]
-    p = torch.tensor([[0.0, 1.0, 0.5], [0.0, 0.0, 0.0], [0.5, 1.0, 0.0]])
-    assert win_rates(p).tolist() == [0.75, 0.0, 0.75]
-
-
-@pytest.mark.parametrize("shape", [(3, 2), (1, 1), (3,), (2, 2, 2)])
-def test_win_rates_bad_shapes_raise(shape):
-    with pytest.raises(ValueError, match="square"):
-        win_rates(torch.zeros(shape))
 
 
 # ------------------------------------------------------------------------------------------------

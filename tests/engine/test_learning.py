@@ -1,7 +1,7 @@
 """Every method learns: on the analytic world (configs/analytic.yaml, docs/analytic_world.md) each preset
 in configs/presets/ raises the held-out reward of fresh samples, and the controls show the tests can
 fail: the same run with every advantage's sign flipped lowers the reward, and at learning rate 0 it
-stays within its noise band. A KL-regularised Flow-GRPO run is checked against the true objective.
+stays within its noise band (the controls once per learner and credit rule, CONTROLS). A KL-regularised Flow-GRPO run is checked against the true objective.
 
 Numbers (d = 2, 120 iterations of 8 prompts; fresh samples: the 8 prompts × 64 = 512 ODE samples
 with evaluation seeds training never uses), measured over training seeds 0–7 on the 2-core machine:
@@ -16,7 +16,6 @@ Run: pytest tests/engine/test_learning.py -q   (about 5 s per run on one thread)
 """
 
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -69,7 +68,23 @@ def test_every_preset_raises_the_reward(preset, tmp_path):
     assert final > base + MARGIN, f"{preset}: fresh hit rate {base:.3f} -> {final:.3f}, needs +{MARGIN}"
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+# the controls run once per learner and per credit rule (not per preset: every preset keeps its learning test above):
+# the transition learner with a chain's group z-scores, a tree's depth-wise values and TempFlow's siblings, and the
+# three forward-process learners
+CONTROLS = ["flow_grpo", "branchgrpo", "tempflow", "diffusion_nft", "awm", "dgpo"]
+
+
+def test_the_controls_cover_every_learner_and_credit_rule():
+    learners, rules = set(), set()
+    for preset in CONTROLS:
+        cfg = load_config(preset, None, [], base=str(configs_dir() / "analytic.yaml"))
+        plan = samplers.method_schedule(cfg.sampling.method, plan=dict(cfg.sampling.plan)).plan(0)
+        learners.add(cfg.learner.name)
+        rules.add("tree" if plan.branches else "siblings" if any(s.side for s in plan.steps) else "group")
+    assert learners == {"transition", "diffusion_nft", "awm", "dgpo"} and rules == {"group", "tree", "siblings"}
+
+
+@pytest.mark.parametrize("preset", CONTROLS)
 def test_control_the_sign_flipped_run_lowers_the_reward(preset, tmp_path):
     """Reward weight −1 negates the signal, and every advantage rule is odd in it (group z-scores,
     depth-wise tree values, TempFlow siblings: tests/engine/test_learner_formulas.py), so this is the same
@@ -78,7 +93,7 @@ def test_control_the_sign_flipped_run_lowers_the_reward(preset, tmp_path):
     assert final < base - MARGIN, f"{preset} sign-flipped: fresh hit rate {base:.3f} -> {final:.3f}"
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", CONTROLS)
 def test_control_learning_rate_zero_stays_in_the_noise_band(preset, tmp_path):
     trainer = analytic_run(tmp_path, preset, "train.learning_rate=0.0")
     before = [p.detach().clone() for p in trainer.policy.params]

@@ -116,7 +116,7 @@ def test_muons_state_survives_a_checkpoint():
 
 
 def test_a_run_trains_with_the_optimizer_it_names(tmp_path):
-    from test_update_split import trainer_for
+    from train_fixtures import trainer_for
 
     trainer = trainer_for(tmp_path, "sage", "train.optimizer=muon", "train.iterations=1", "train.prompts_per_iteration=2")
     assert isinstance(trainer.policy.optimizer, Muon)

@@ -12,20 +12,7 @@ from flowgrpo.config import load_config
 from flowgrpo.engine import credit
 from flowgrpo.engine.trainer import Trainer
 from flowgrpo.run.paths import configs_dir
-
-
-def rollout(tmp_path, preset, *overrides):
-    cfg = load_config(preset, None, [f"output_dir={tmp_path}", "resume=false", "log.progress=false",
-                                     "log.gallery=false", "log.samples_every=0", "eval.at_start=false", *overrides],
-                      base=str(configs_dir() / "analytic.yaml"))
-    trainer = Trainer(cfg)
-    plan = trainer.schedule.plan(0)
-    batches = trainer.sample(0, plan)
-    for b in batches:  # the analytic reward's own futures are not needed: the tests hand the rewards in
-        for f in b.rewards:
-            f.result()
-    records = [b.record.bookkeeping_on_cpu() for b in batches]
-    return trainer, plan, batches, records
+from train_fixtures import analytic_rollout as rollout
 
 
 def leaf_groups(batches, records):

@@ -52,7 +52,7 @@ def test_a_missing_mp4_writer_is_named_before_the_model_loads(tiny_wan_dir, tmp_
 def test_video_preset_trains_end_to_end(preset, tiny_wan_dir, tmp_path):
     cfg = video_config(preset, tiny_wan_dir, tmp_path, **{"log.gallery": preset == "flow_grpo"})
     assert cfg.model.family == "wan" and cfg.model.num_frames == 5
-    trainer, run, rows = train_and_check(cfg)
+    trainer, run, rows = train_and_check(cfg, gallery=preset == "flow_grpo")
     assert trainer.model.latent_shape() == (8, 2, 8, 8)  # 5-D latents [N, 8, 2, 8, 8]
     assert all(0 < r["reward/video_brightness_mean"] < 1 for r in rows if "loss" in r)
     assert rows[-1]["eval/num_images"] == 2 and 0 <= rows[-1]["eval/mean_score"] <= 1  # 2 clips scored by toy_video

@@ -8,16 +8,7 @@ from __future__ import annotations
 import pytest
 
 from flowgrpo.config import ConfigError
-from test_forward_learners import analytic_trainer
-
-COMMON = ["resume=false", "log.progress=false", "log.gallery=false", "log.samples_every=0", "eval.every=0",
-          "eval.at_start=false", "log.save_every=0"]
-
-
-def trainer_for(tmp_path, preset, *overrides):
-    """An analytic-world trainer (test_forward_learners.analytic_trainer), quiet, not resuming unless told."""
-    return analytic_trainer(tmp_path, preset, *COMMON, *overrides)
-
+from train_fixtures import analytic_rollout, trainer_for
 
 def rows_of(groups: list[int]) -> list[tuple]:
     """Rows as the learner builds them: (batch, row, advantage, coefficient, group, prompt slot)."""
@@ -111,7 +102,7 @@ def test_the_step_weight_scales_the_policy_term_and_not_the_kl(tmp_path):
     and it is affine in w with slope Σ c·ℓ (fails if w multiplies the KL too)."""
     import torch
 
-    from test_tied_and_diverse import rollout
+    rollout = analytic_rollout
 
     trainer, _, batches, _ = rollout(tmp_path, "sage")
     learner = trainer.learner
@@ -165,7 +156,7 @@ def test_the_adaptive_weight_scales_both_kl_terms_and_counts_real_transitions(tm
     transition reports once, a sharded stand-in or a matched zero-weight call none."""
     import torch
 
-    from test_tied_and_diverse import rollout
+    rollout = analytic_rollout
 
     trainer, _, batches, _ = rollout(tmp_path, "sage", "loss.anchor_kl_schedule=sage")
     learner = trainer.learner

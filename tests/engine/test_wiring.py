@@ -26,7 +26,7 @@ import torch
 
 from flowgrpo.engine.credit import Advantages
 from flowgrpo.engine.learners import Rollouts
-from test_forward_learners import analytic_trainer
+from train_fixtures import analytic_trainer
 from tolerance import assert_close_ulps
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

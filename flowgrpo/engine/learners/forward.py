@@ -38,8 +38,8 @@ import samplers
 from flowgrpo.engine.copies import WeightCopy, soft_keep
 from flowgrpo.engine.learners.base import Learner, Rollouts
 from flowgrpo.engine.learners.transition import deal_samples, seeded_permutation
+from samplers.grids import STREAM_FORWARD_UPDATE_ORDER, STREAM_TRAIN_DRAWS
 
-STREAM_TRAIN_DRAWS = 101  # the (t, ε) draws of forward-process learners (samplers/grids.py streams are 1-4)
 
 
 def soft_copy(policy, name: str, cfg, follows: str) -> WeightCopy:
@@ -268,8 +268,8 @@ class ForwardLearner(Learner):
         t = self.cfg.train
         U = t.updates_per_epoch
         if t.update_split == "samples":
-            return deal_samples(by_group, U, t.seed, 13, iteration, epoch)
-        order = seeded_permutation(len(group_ids), t.seed, 13, iteration, epoch).tolist()
+            return deal_samples(by_group, U, t.seed, STREAM_FORWARD_UPDATE_ORDER, iteration, epoch)
+        order = seeded_permutation(len(group_ids), t.seed, STREAM_FORWARD_UPDATE_ORDER, iteration, epoch).tolist()
         return [{group_ids[i]: by_group[group_ids[i]] for i in order[u::U]} for u in range(U)]
 
     def normalisation(self, samples: list[Sample], chunk: list[int], by_group: dict) -> float:

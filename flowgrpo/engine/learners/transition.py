@@ -22,6 +22,7 @@ from flowgrpo.engine.copies import refresh_every
 from flowgrpo.engine.learners.base import Learner, Rollouts
 from flowgrpo.engine.loss import SageKLWeight, clipped_policy_loss, gaussian_kl, step_weights
 from flowgrpo.engine.policy import REFERENCE
+from samplers.grids import STREAM_UPDATE_ORDER
 
 
 def seeded_permutation(n: int, *parts: int) -> torch.Tensor:
@@ -173,13 +174,13 @@ class TransitionLearner(Learner):
             for i, row in enumerate(rows):
                 if i not in tied:
                     by_group.setdefault(row[4], {}).setdefault(chains[i], []).append(i)
-            dealt = deal_samples({g: sorted(c) for g, c in by_group.items()}, U, t.seed, 11, iteration, epoch)
+            dealt = deal_samples({g: sorted(c) for g, c in by_group.items()}, U, t.seed, STREAM_UPDATE_ORDER, iteration, epoch)
             return [sorted(i for g, keys in d.items() for key in keys for i in by_group[g][key]) for d in dealt]
         if t.update_split == "transitions":
             trained = [i for i in range(len(rows)) if i not in tied]
-            order = seeded_permutation(len(trained), t.seed, 11, iteration, epoch).tolist()
+            order = seeded_permutation(len(trained), t.seed, STREAM_UPDATE_ORDER, iteration, epoch).tolist()
             return [[trained[k] for k in order[u::U]] for u in range(U)]
-        order = seeded_permutation(len(group_ids), t.seed, 11, iteration, epoch).tolist()
+        order = seeded_permutation(len(group_ids), t.seed, STREAM_UPDATE_ORDER, iteration, epoch).tolist()
         chunks = [set(group_ids[i] for i in order[u::U]) for u in range(U)]
         return [[i for i, row in enumerate(rows) if row[4] in chunk and i not in tied] for chunk in chunks]
 
