@@ -9,7 +9,8 @@ Each case trains ``--iterations`` (5) iterations with its seed and one thread, t
 tensor of the last checkpoint's ``tensors.safetensors`` (the trained weights, the optimizer state and every
 kept copy of the weights) and of every file of its ``model/`` folder (the exported LoRA or weights; a
 safetensors file by its tensors and metadata, whose order in the header varies from one process to the next). The cases are
-the image default, a transition preset (flow_grpo), a tree preset (branchgrpo) and the analytic world.
+the image default (DiffusionNFT), a transition preset (flow_grpo), a tree preset (branchgrpo), the two other
+forward-process learners (awm, dgpo) and the analytic world.
 The script runs the training entry point as a subprocess and reads only the run folder, so it runs
 unchanged on any checkout that has these entry points.
 """
@@ -31,6 +32,8 @@ CASES = {
     "default": [],
     "flow_grpo": ["--preset", "flow_grpo", "sampling.plan.group_size=4", "train.prompts_per_iteration=4"],
     "branchgrpo": ["--preset", "branchgrpo", "train.prompts_per_iteration=4"],
+    "awm": ["--preset", "awm", "sampling.plan.group_size=4", "train.prompts_per_iteration=4"],
+    "dgpo": ["--preset", "dgpo", "sampling.plan.group_size=4", "train.prompts_per_iteration=4"],
     "analytic": ["--config", "configs/analytic.yaml"],
 }
 

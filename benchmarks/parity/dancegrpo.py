@@ -318,15 +318,15 @@ def update_composition(cfg, record, **changes) -> list[dict[int, int]]:
     run's train section; ``changes``: fields of it changed, a control): per step, root (sample) -> its transitions."""
     import dataclasses
 
-    from flowgrpo.engine.learners.transition import TransitionLearner
+    from flowgrpo.engine.learners.transition import TransitionLearner, TransitionRow
 
     conf = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **changes))
     gpp = record.groups_per_prompt
     roots = TransitionLearner._root_nodes(record.node_parent.tolist())
-    rows = [(0, r, 0.0, 1.0, int(record.group[r]) % gpp, 0) for r in range(record.num_transitions)]
+    rows = [TransitionRow(0, r, 0.0, 1.0, int(record.group[r]) % gpp, 0) for r in range(record.num_transitions)]
     chains = [(0, 0, roots[int(record.node[r])]) for r in range(record.num_transitions)]
     learner = SimpleNamespace(cfg=conf)
-    steps = TransitionLearner._updates(learner, rows, set(), sorted({row[4] for row in rows}), 0, 0, chains)
+    steps = TransitionLearner._updates(learner, rows, set(), sorted({row.group for row in rows}), 0, 0, chains)
     out = []
     for selected in steps:
         count: dict[int, int] = {}

@@ -10,9 +10,12 @@ import pytest
 from flowgrpo.config import ConfigError
 from train_fixtures import analytic_rollout, trainer_for
 
-def rows_of(groups: list[int]) -> list[tuple]:
-    """Rows as the learner builds them: (batch, row, advantage, coefficient, group, prompt slot)."""
-    return [(0, i, 1.0, 1.0, g, g) for i, g in enumerate(groups)]
+
+def rows_of(groups: list[int]) -> list:
+    """Rows as the learner builds them, one per transition of the given groups (prompt slot = group)."""
+    from flowgrpo.engine.learners.transition import TransitionRow
+
+    return [TransitionRow(0, i, 1.0, 1.0, g, g) for i, g in enumerate(groups)]
 
 
 @pytest.mark.parametrize("split", ["groups", "transitions"])
@@ -44,7 +47,7 @@ def test_splitting_by_samples_keeps_each_chain_whole_and_gives_every_step_a_shar
     """update_split=samples: a chain's transitions land in one step, each step trains one of every group's three
     chains (U = 3), tied rows in none, seeded by (seed, iteration, epoch); the forward learner deals its samples the
     same way (each step half of every group at U = 2)."""
-    from flowgrpo.engine.learners.transition import deal_samples
+    from flowgrpo.engine.learners.base import deal_samples
 
     trainer = trainer_for(tmp_path, "flow_grpo", "train.update_split=samples", "train.updates_per_epoch=3")
     learner = trainer.learner
@@ -110,11 +113,14 @@ def test_the_step_weight_scales_the_policy_term_and_not_the_kl(tmp_path):
         for value in learner.anchor.values:
             value.add_(0.05 * torch.randn(value.shape, generator=torch.Generator().manual_seed(0)))
     rec = batches[0].record
-    rows = [(0, r, 1.0 + r, None, 0, 0) for r in range(min(6, rec.num_transitions))]
-    coefs = [1.0 / len(rows)] * len(rows)
+    from flowgrpo.engine.learners.transition import TransitionRow
+
+    n = min(6, rec.num_transitions)
+    coefs = [1.0 / n] * n
     totals = {}
     for w in (0.0, 1.0, 2.0):
-        totals[w] = float(learner._micro_step([row[:3] + (w,) + row[4:] for row in rows], coefs, batches)[0].detach())
+        rows = [TransitionRow(0, r, 1.0 + r, w, 0, 0) for r in range(n)]
+        totals[w] = float(learner._micro_step(rows, coefs, batches)[0].detach())
     assert abs(totals[0.0]) > 0
     slope = totals[1.0] - totals[0.0]
     assert abs(slope) > 0 and totals[2.0] - totals[0.0] == pytest.approx(2 * slope, rel=1e-5, abs=1e-6 * abs(slope))
@@ -163,7 +169,9 @@ def test_the_adaptive_weight_scales_both_kl_terms_and_counts_real_transitions(tm
     with torch.no_grad():
         for value in learner.anchor.values:
             value.add_(0.05 * torch.randn(value.shape, generator=torch.Generator().manual_seed(0)))
-    rows = [(0, r, 1.0 + r, 0.0, 0, 0) for r in range(6)]  # w = 0: the KL terms alone
+    from flowgrpo.engine.learners.transition import TransitionRow
+
+    rows = [TransitionRow(0, r, 1.0 + r, 0.0, 0, 0) for r in range(6)]  # w = 0: the KL terms alone
     coefs = [1.0 / len(rows)] * len(rows)
     controller, learner.kl_weight = learner.kl_weight, None
     constant = float(learner._micro_step(rows, coefs, batches)[0].detach())

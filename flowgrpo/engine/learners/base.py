@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+import samplers
 from flowgrpo.engine.credit import Advantages
 
 
@@ -32,6 +35,24 @@ class Rollouts:
     plan: object  # samplers.Plan of the iteration: its grid (plan.sigmas) and time shift (plan.shift)
     batches: list  # flowgrpo.engine.rollout.Batch per rollout batch of this process
     advantages: Advantages  # per batch: [M_b] per stored transition, [L_b] per leaf (NaN = masked)
+
+
+def seeded_permutation(n: int, *parts: int) -> torch.Tensor:
+    """A permutation of range(n) drawn from the stream ``parts`` (samplers.make_generator)."""
+    return torch.randperm(n, generator=samplers.make_generator(*parts))
+
+
+def deal_samples(by_group: dict, updates: int, *parts: int) -> list[dict]:
+    """train.update_split=samples: each group's samples in a seeded order (``parts`` and the group id), dealt out
+    round-robin to the ``updates`` optimizer steps of a pass, so every step trains about 1/updates of every group (as
+    the reference codes step every few samples of each process's batch). {group: [sample, ...]} -> one such mapping
+    per update, groups and their samples in the order dealt."""
+    out: list[dict] = [{} for _ in range(updates)]
+    for g in sorted(by_group):
+        members = by_group[g]
+        for k, i in enumerate(seeded_permutation(len(members), *parts, g).tolist()):
+            out[k % updates].setdefault(g, []).append(members[i])
+    return out
 
 
 class Learner:

@@ -36,8 +36,7 @@ import torch
 
 import samplers
 from flowgrpo.engine.copies import WeightCopy, soft_keep
-from flowgrpo.engine.learners.base import Learner, Rollouts
-from flowgrpo.engine.learners.transition import deal_samples, seeded_permutation
+from flowgrpo.engine.learners.base import Learner, Rollouts, deal_samples, seeded_permutation
 from samplers.grids import STREAM_FORWARD_UPDATE_ORDER, STREAM_TRAIN_DRAWS
 
 
@@ -223,7 +222,7 @@ class ForwardLearner(Learner):
         skipped_before, probed = policy.skipped_steps, {}
         for epoch in range(t_cfg.inner_epochs):
             for u, chunk in enumerate(self.updates(by_group, group_ids, rollouts.iteration, epoch)):
-                self.normaliser = self.normalisation(samples, list(chunk), chunk)
+                normaliser = self.normalisation(samples, list(chunk), chunk)
                 chosen = {g: [i for i in members if not samples[i].tied] for g, members in chunk.items()}
                 policy.zero_grad()
                 # micro-batches of at most train.micro_batch rows; a gradient-noise probe's hold whole groups (at
@@ -235,6 +234,7 @@ class ForwardLearner(Learner):
                 parts = self.micro_batches(list(chosen), chosen, samples, limit, unit)
                 for members, real in policy.matched(parts, lambda: [self.stand_in(rollouts)]):
                     loss, d = self.micro_loss(members, rollouts.batches, epoch, space, first=epoch == 0 and u == 0)
+                    loss = loss / normaliser  # the step's loss is a mean over its rows on every process
                     if not real:  # the same model calls as the other processes, no gradient, no diagnostics
                         policy.backward(loss * 0.0)
                         continue
@@ -324,5 +324,6 @@ class ForwardLearner(Learner):
 
     def micro_loss(self, members: list[Member], batches: list, epoch: int, space: DrawSpace,
                    first: bool) -> tuple[torch.Tensor, dict]:
-        """The summed, normalised loss of a micro-batch's rows, and per-row diagnostics."""
+        """The loss of a micro-batch's rows summed (``update`` divides it by the step's normaliser), and per-row
+        diagnostics."""
         raise NotImplementedError

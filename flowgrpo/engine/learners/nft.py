@@ -78,4 +78,4 @@ class NFTLearner(ForwardLearner):
             total = total + lc.kl_coef * kl.sum()
             d["kl_ref"] = kl.detach()
         d[self.contract_metric] = (v_pos.detach() - v_old).abs().flatten(1).amax(1)
-        return total / self.normaliser, d
+        return total, d

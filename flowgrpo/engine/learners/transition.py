@@ -13,33 +13,33 @@ GRPO-Guard and SAGE-GRPO all train this way; they differ in their plans and thes
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 import samplers
 from flowgrpo import likelihood
 from flowgrpo.engine.copies import refresh_every
-from flowgrpo.engine.learners.base import Learner, Rollouts
+from flowgrpo.engine.learners.base import Learner, Rollouts, deal_samples, seeded_permutation
 from flowgrpo.engine.loss import SageKLWeight, clipped_policy_loss, gaussian_kl, step_weights
 from flowgrpo.engine.policy import REFERENCE
 from samplers.grids import STREAM_UPDATE_ORDER
 
 
-def seeded_permutation(n: int, *parts: int) -> torch.Tensor:
-    return torch.randperm(n, generator=samplers.make_generator(*parts))
+@dataclass(frozen=True)
+class TransitionRow:
+    """One trained transition of the iteration: where it is stored and what it trains with."""
+
+    batch: int  # rollout batch index
+    row: int  # transition index in the batch's record
+    advantage: float  # the advantage of its x' node
+    weight: float  # the plan's loss weight times the step weight (the policy term's)
+    group: int  # global advantage group (prompt slot · groups per prompt + local group)
+    slot: int  # the prompt slot of the iteration
 
 
-def deal_samples(by_group: dict, updates: int, *parts: int) -> list[dict]:
-    """train.update_split=samples: each group's samples in a seeded order (``parts`` and the group id), dealt out
-    round-robin to the ``updates`` optimizer steps of a pass, so every step trains about 1/updates of every group (as
-    the reference codes step every few samples of each process's batch). {group: [sample, ...]} -> one such mapping
-    per update, groups and their samples in the order dealt."""
-    out: list[dict] = [{} for _ in range(updates)]
-    for g in sorted(by_group):
-        members = by_group[g]
-        for k, i in enumerate(seeded_permutation(len(members), *parts, g).tolist()):
-            out[k % updates].setdefault(g, []).append(members[i])
-    return out
+# a sharded process without a transition this iteration trains this zero-weight stand-in (its loss times 0)
+STAND_IN = TransitionRow(0, 0, 0.0, 0.0, -1, -1)
 
 
 class TransitionLearner(Learner):
@@ -76,7 +76,7 @@ class TransitionLearner(Learner):
     def update(self, rollouts: Rollouts) -> dict:
         policy, cfg, t = self.policy, self.cfg, self.cfg.train
         batches = rollouts.batches
-        rows = []  # (batch, row, advantage, coefficient, group, prompt slot)
+        rows: list[TransitionRow] = []
         chains = []  # per row: the sample (chain) it belongs to, (batch, prompt slot, root node)
         tied = set()  # rows of tied groups (advantage.tied_groups=skip): normalised as trained, never computed
         masks = rollouts.advantages.tied_transitions
@@ -92,16 +92,16 @@ class TransitionLearner(Learner):
                 if not math.isnan(float(adv[r])):
                     if masks is not None and bool(masks[bi][r]):
                         tied.add(len(rows))
-                    rows.append((bi, r, float(adv[r]), float(weights[r]), groups[r], slots[r]))
+                    rows.append(TransitionRow(bi, r, float(adv[r]), float(weights[r]), groups[r], slots[r]))
                     chains.append((bi, slots[r], roots[nodes[r]]))
         # normalisation: each group (or tree) weighs the same, whatever its number of transitions
         counts: dict[int, int] = {}
         for row in rows:
-            counts[row[4]] = counts.get(row[4], 0) + 1
+            counts[row.group] = counts.get(row.group, 0) + 1
         total_groups = int(policy.gather(torch.tensor([len(counts)])).sum())
         total_rows = int(policy.gather(torch.tensor([len(rows)])).sum())
-        coef = [1.0 / (counts[g] * max(1, total_groups)) if cfg.loss.normalize == "group" else 1.0 / max(1, total_rows)
-                for (_, _, _, _, g, _) in rows]
+        coef = [1.0 / (counts[row.group] * max(1, total_groups)) if cfg.loss.normalize == "group" else 1.0 / max(1, total_rows)
+                for row in rows]
         diag: dict[str, list] = {"loss": [], "log_ratio": [], "ratio_dev_epoch0": [], "clipped_high": [], "clipped_low": [],
                                  "approx_kl": [], "grad_norm": [], "step": [], "kl": []}
         group_ids = sorted(counts)
@@ -112,7 +112,7 @@ class TransitionLearner(Learner):
                 parts = self._micro_batches(selected, rows, t.micro_batch, policy.probe.active)
                 for part, real in policy.matched(parts, lambda: [0] if rows else None):
                     if part is None:  # a sharded process without a transition this iteration: a zero-weight stand-in
-                        loss, _ = self._micro_step([(0, 0, 0.0, 0.0, -1, -1)], [0.0], batches, report=False)
+                        loss, _ = self._micro_step([STAND_IN], [0.0], batches, report=False)
                     else:
                         loss, d = self._micro_step([rows[i] for i in part],
                                                    [coef[i] * t.updates_per_epoch if real else 0.0 for i in part], batches,
@@ -120,14 +120,14 @@ class TransitionLearner(Learner):
                     if not real:  # the same model calls as the other processes, no gradient, no diagnostics
                         policy.backward(loss * 0.0)
                         continue
-                    policy.backward(loss, len({rows[i][5] for i in part}))
+                    policy.backward(loss, len({rows[i].slot for i in part}))
                     for key in ("log_ratio", "clipped_high", "clipped_low", "approx_kl", "kl"):
                         diag[key].append(d[key])
                     diag["step"].append(d["step"])
                     diag["loss"].append(loss.detach().reshape(1))
                     if epoch == 0 and u == 0:
                         diag["ratio_dev_epoch0"].append(d["ratio_dev"])
-                norm, probed = policy.step(len({rows[i][5] for i in selected}))
+                norm, probed = policy.step(len({rows[i].slot for i in selected}))
                 diag["grad_norm"].append(torch.tensor([norm]))
         cat = {k: torch.cat(v) if v else torch.zeros(0) for k, v in diag.items()}
         # the loss summed over processes (each process's share is normalised globally), the contract's worst row
@@ -162,7 +162,7 @@ class TransitionLearner(Learner):
                 roots[node] = roots[parent]
         return roots
 
-    def _updates(self, rows: list[tuple], tied: set, group_ids: list[int], iteration: int, epoch: int,
+    def _updates(self, rows: list[TransitionRow], tied: set, group_ids: list[int], iteration: int, epoch: int,
                  chains: list[tuple] | None = None) -> list[list[int]]:
         """The trained rows of each of the pass's train.updates_per_epoch optimizer steps: whole groups (or trees) dealt
         out in a seeded order, (update_split=transitions) every trained transition in a seeded shuffle, dealt out, or
@@ -173,7 +173,7 @@ class TransitionLearner(Learner):
             by_group: dict[int, dict[tuple, list[int]]] = {}
             for i, row in enumerate(rows):
                 if i not in tied:
-                    by_group.setdefault(row[4], {}).setdefault(chains[i], []).append(i)
+                    by_group.setdefault(row.group, {}).setdefault(chains[i], []).append(i)
             dealt = deal_samples({g: sorted(c) for g, c in by_group.items()}, U, t.seed, STREAM_UPDATE_ORDER, iteration, epoch)
             return [sorted(i for g, keys in d.items() for key in keys for i in by_group[g][key]) for d in dealt]
         if t.update_split == "transitions":
@@ -182,17 +182,17 @@ class TransitionLearner(Learner):
             return [[trained[k] for k in order[u::U]] for u in range(U)]
         order = seeded_permutation(len(group_ids), t.seed, STREAM_UPDATE_ORDER, iteration, epoch).tolist()
         chunks = [set(group_ids[i] for i in order[u::U]) for u in range(U)]
-        return [[i for i, row in enumerate(rows) if row[4] in chunk and i not in tied] for chunk in chunks]
+        return [[i for i, row in enumerate(rows) if row.group in chunk and i not in tied] for chunk in chunks]
 
     @staticmethod
-    def _micro_batches(selected: list[int], rows: list[tuple], size: int, by_prompt: bool) -> list[list[int]]:
+    def _micro_batches(selected: list[int], rows: list[TransitionRow], size: int, by_prompt: bool) -> list[list[int]]:
         """Row indices per micro-batch: ``size`` rows each; for a gradient-noise probe, whole prompts instead,
         in at least two (up to four) micro-batches, so each is a small-batch gradient over its prompts."""
         if not by_prompt:
             return [selected[i : i + size] for i in range(0, len(selected), size)]
         prompts: dict[int, list[int]] = {}
         for i in selected:
-            prompts.setdefault(rows[i][5], []).append(i)
+            prompts.setdefault(rows[i].slot, []).append(i)
         order = list(prompts)
         if not order:  # every group of the step tied (or masked): nothing to compute
             return []
@@ -205,15 +205,15 @@ class TransitionLearner(Learner):
         device, guidance = policy.device, cfg.sampling.guidance_scale
         by_batch: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
-            by_batch.setdefault(row[0], []).append(i)
+            by_batch.setdefault(row.batch, []).append(i)
         total = torch.zeros((), device=device)
         out = {k: [] for k in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl", "kl", "step")}
         for bi, members in by_batch.items():
             b, rec = batches[bi], batches[bi].record
-            r = torch.tensor([rows[i][1] for i in members])
-            adv = torch.tensor([rows[i][2] for i in members], device=device)
+            r = torch.tensor([rows[i].row for i in members])
+            adv = torch.tensor([rows[i].advantage for i in members], device=device)
             c = torch.tensor([coefs[i] for i in members], device=device)
-            w = torch.tensor([rows[i][3] for i in members], device=device)  # plan and step weight: the policy term's
+            w = torch.tensor([rows[i].weight for i in members], device=device)  # plan and step weight: the policy term's
             x, sigma, cond = rec.state[r], rec.sigma[r], b.cond.select(rec.cond_index[r])
             # μ = a·x + b·v per row with the rollout's kernel; std rounded as the rollout rounded it,
             # so that lp_θ − lp_old is exactly 0 at the rollout policy (reference backend)
