@@ -240,13 +240,15 @@ def test_a_model_folder_missing_a_component_names_it(tiny_sd3_dir, tmp_path, cap
 
 
 def test_a_group_too_large_for_the_memory_is_one_line_before_the_first_rollout(files, capsys):
-    """The Why of issue 36: group_size=100000 started sampling 800,000 images with no word. The memory plan, checked
-    after the model loads and before anything is sampled (here against the host's memory), refuses it in one line."""
+    """The Why of issue 36: group_size=100000 started sampling 800,000 images with no word (it is now refused by the
+    config check: more than 2^20 states in a rollout batch). A group under that cap that still cannot fit (16,000
+    samples of 512 px) is refused by the memory plan, checked after the model loads and before anything is sampled
+    (here against the host's memory), in one line."""
     from flowgrpo.models.memory import host_memory
 
     if host_memory() is None:
         pytest.skip("no /proc/meminfo")
-    argv = ["sampling.plan.group_size=100000", f"output_dir={files}/runs", "log.progress=false"]
+    argv = ["sampling.plan.group_size=16000", "model.resolution=512", f"output_dir={files}/runs", "log.progress=false"]
     assert _train_t2i()(argv) == 2
     assert re.search(r"this run cannot fit: the memory plan puts this iteration at [0-9.]+ GiB per process .* and the "
                      r"host has [0-9.]+ GiB, less than .*lower sampling.plan.group_size \(at most \d+ fits\)",
