@@ -336,6 +336,19 @@ def update_composition(cfg, record, **changes) -> list[dict[int, int]]:
     return out
 
 
+def composition_note(cfg, record, group: int, per_step: int, trained: str) -> str:
+    """The optimizer steps' composition, the official code's (a step every ``per_step`` samples of a group of ``group``
+    in rollout order, each with ``trained``) beside flowgrpo's (``update_composition``) and its update_split=groups
+    control."""
+    official = [len(range(s, min(s + per_step, group))) for s in range(0, group, per_step)]
+    steps = update_composition(cfg, record)
+    control = update_composition(cfg, record, update_split="groups")
+    return (f"optimizer steps: the official {official} samples a step (every {per_step} in rollout order, each with "
+            f"{trained}); flowgrpo's (train.update_split={cfg.train.update_split}) {[len(s) for s in steps]} samples a "
+            f"step, transitions per sample {sorted({n for s in steps for n in s.values()})}; control, "
+            f"update_split=groups: {[len(s) for s in control]} samples a step")
+
+
 def log_prob_tolerance(values: torch.Tensor, plan, i: int) -> float:
     """Float32 ulps of a step's log-prob terms: the values and |log s| + ½ log 2π, which nearly cancel in them."""
     step = plan.steps[i]
@@ -507,16 +520,8 @@ def run(checkout: Checkout, overrides: tuple[str, ...] = ()) -> list[MethodRepor
             f"official = {ratio:.4f} (sqrt(G/(G-1)) = {math.sqrt(G / (G - 1)):.4f})")
 
         # the optimizer steps: the official steps after every gradient_accumulation_steps samples of the group
-        per_step = args.gradient_accumulation_steps
-        official_steps = [list(range(s, min(s + per_step, G))) for s in range(0, G, per_step)]
-        steps = update_composition(cfg, record)
-        control = update_composition(cfg, record, update_split="groups")
-        report.notes.append(
-            f"optimizer steps: the official {[len(s) for s in official_steps]} samples a step (every "
-            f"{per_step} in rollout order, each with its {count} trained steps); flowgrpo's (train.update_split="
-            f"{cfg.train.update_split}) {[len(s) for s in steps]} samples a step, transitions per sample "
-            f"{sorted({n for s in steps for n in s.values()})}; control, update_split=groups: "
-            f"{[len(s) for s in control]} samples a step")
+        report.notes.append(composition_note(cfg, record, G, args.gradient_accumulation_steps,
+                                             f"its {count} trained steps"))
 
         # the integer timesteps off: the network told 1000σ (the same draws: they depend on the seeds alone)
         exact = ours(dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, integer_timesteps=False)),

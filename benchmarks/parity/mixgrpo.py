@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: flo
 from official import Checkout, argparse_launch  # noqa: E402
 from official.mixgrpo import LAUNCHERS, MODEL, REWARDS, SCRIPT  # noqa: E402
 from parity import MethodReport, StepRow, fed_draws, max_diff, recorded_step_noise, tolerance  # noqa: E402
-from parity.dancegrpo import advantages, update_composition  # noqa: E402
+from parity.dancegrpo import advantages, composition_note  # noqa: E402
 from samplers.kernels import HALF_LOG_2PI, kernel_coefficients  # noqa: E402
 
 SAMPLING = "fastvideo/utils/sampling_utils.py"
@@ -385,15 +385,8 @@ def credit_and_steps(report: MethodReport, official: Official, cfg, plan, record
         f"{[spec.weight for spec in cfg.rewards]}): max |Δ| {max_diff(adv, theirs, 'advantages'):.3g} (tolerance "
         f"{tolerance(torch.cat([adv, theirs])):.3g}); control, std_correction=0: flowgrpo's / the official = {ratio:.4f} "
         f"(sqrt(G/(G-1)) = {math.sqrt(G / (G - 1)):.4f})")
-    per_step = official.args.gradient_accumulation_steps
-    official_steps = [len(range(s, min(s + per_step, G))) for s in range(0, G, per_step)]
-    steps = update_composition(cfg, record)
-    control_steps = update_composition(cfg, record, update_split="groups")
-    report.notes.append(
-        f"optimizer steps: the official {official_steps} samples a step (every {per_step} in rollout order, each with "
-        f"its window steps); flowgrpo's (train.update_split={cfg.train.update_split}) {[len(s) for s in steps]} samples a "
-        f"step, transitions per sample {sorted({n for s in steps for n in s.values()})}; control, update_split=groups: "
-        f"{[len(s) for s in control_steps]} samples a step")
+    report.notes.append(composition_note(cfg, record, G, official.args.gradient_accumulation_steps,
+                                         "its window steps"))
 
 
 def run(checkout: Checkout, settings: dict | None = None, overrides: tuple[str, ...] = ()) -> list[MethodReport]:
