@@ -76,7 +76,7 @@ def test_the_forward_learners_never_compute_a_tied_sample_and_normalise_as_if_th
         if not s.tied:
             trained.setdefault(s.group, []).append(i)
     chunk = sorted(by_group)
-    parts = trainer.learner.micro_batches(chunk, {g: trained.get(g, []) for g in chunk}, samples, 10**6)
+    parts = trainer.learner.pack(chunk, {g: trained.get(g, []) for g in chunk}, samples, 10**6)
     computed = {m.sample.group for part in parts for m in part}
     assert int(groups[0]) not in computed and len(computed) == len(chunk) - 1
     K = trainer.cfg.learner.train_times

@@ -362,7 +362,7 @@ def test_nft_negative_policy_is_the_reflection_through_theta_old(tmp_path, micro
 @pytest.mark.parametrize("preset", ["diffusion_nft", "awm", "dgpo"])
 @pytest.mark.parametrize("limit", [1, 4, 7, 1000])
 def test_micro_batches_hold_every_row_once_within_the_limit(tmp_path, preset, limit):
-    """``ForwardLearner.micro_batches``: groups of 3, 1 and 2 samples, K = 3 draws. Every (sample, draw) is in exactly
+    """``ForwardLearner.pack``: groups of 3, 1 and 2 samples, K = 3 draws. Every (sample, draw) is in exactly
     one micro-batch, in group order; NFT and AWM micro-batches hold at most ``limit`` rows (a group and a sample's
     draws are split where it falls: an 81-frame video row is ~33k tokens); DGPO's hold whole (group, draw) units, so
     one exceeds the limit only when a unit alone does."""
@@ -373,7 +373,7 @@ def test_micro_batches_hold_every_row_once_within_the_limit(tmp_path, preset, li
     sizes = [3, 1, 2]
     samples = [Sample(0, i, 0.0, g, (g, i)) for g, n in enumerate(sizes) for i in range(sum(sizes[:g]), sum(sizes[:g + 1]))]
     by_group = {g: [i for i, s in enumerate(samples) if s.group == g] for g in range(3)}
-    parts = learner.micro_batches([0, 1, 2], by_group, samples, limit)
+    parts = learner.pack([0, 1, 2], by_group, samples, limit)
     cells = [(m.sample.leaf, k) for part in parts for m in part for k in m.draws]
     assert sorted(cells) == sorted((i, k) for i in range(6) for k in range(K)) and len(cells) == len(set(cells))
     assert [c[0] for c in cells] == sorted(c[0] for c in cells) or preset == "dgpo"  # group order, sample-major
@@ -388,7 +388,7 @@ def test_micro_batches_hold_every_row_once_within_the_limit(tmp_path, preset, li
     else:
         assert all(r <= limit for r in rows) and len(parts) == -(-6 * K // limit)
     # a gradient-noise probe's micro-batches hold whole groups: each is a small-batch gradient over its prompts
-    probe = learner.micro_batches([0, 1, 2], by_group, samples, limit, "group")
+    probe = learner.pack([0, 1, 2], by_group, samples, limit, "group")
     where = {(m.sample.leaf, k): n for n, part in enumerate(probe) for m in part for k in m.draws}
     assert len(where) == 6 * K and all(len({where[i, k] for i in members for k in range(K)}) == 1
                                        for members in by_group.values())

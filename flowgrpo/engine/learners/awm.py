@@ -52,7 +52,7 @@ def awm_loss(log_lik: torch.Tensor, log_lik_old: torch.Tensor, advantages: torch
 
 class AWMLearner(ForwardLearner):
     name = "awm"
-    contract_metric = "max_abs_ratio_minus_1"
+    contract = ("max_abs_ratio_minus_1", "max_abs_ratio_minus_1_epoch0")
 
     def __init__(self, cfg, policy):
         super().__init__(cfg, policy)
@@ -67,10 +67,10 @@ class AWMLearner(ForwardLearner):
         # the policy that made the rollout: its weights before this iteration's first step (or the EMA's)
         self.old.assign(self.ema.values if self.cfg.learner.awm.sample_with_ema else self.policy.params)
 
-    def micro_loss(self, members, batches, epoch, space, first):
+    def micro_loss(self, work, members, epoch, first, real):
         lc = self.cfg.learner
         awm = lc.awm
-        _, x_t, t, u, cond, adv, _, _ = self.rows(members, batches, epoch, space)
+        _, x_t, t, u, cond, adv, _, _ = self.rows(members, work, epoch)
         # every no-gradient call first: a copy's weights are swapped into the parameters in place
         v_old = self.velocity(x_t, t, cond, weights=self.old)
         v_ref = self.velocity(x_t, t, cond, weights=REFERENCE) if lc.kl_coef > 0 else None
@@ -80,7 +80,7 @@ class AWMLearner(ForwardLearner):
         lik_old = awm_log_likelihood(v_old, u, t, awm.weighting, awm.ghuber_power)
         loss, ratio = awm_loss(lik, lik_old, adv / lc.adv_max, awm.clip_range)
         total = loss.sum()
-        d = {"ratio_mean": ratio, self.contract_metric: (ratio - 1).abs(),
+        d = {"ratio_mean": ratio, "max_abs_ratio_minus_1": (ratio - 1).abs(),
              "clip_frac": ((ratio - 1).abs() > awm.clip_range).float()}
         for key, coef, other in (("kl_ref", lc.kl_coef, v_ref), ("kl_ema", awm.ema_kl_coef, v_ema)):
             if other is not None:

@@ -58,10 +58,10 @@ class DGPOLearner(ForwardLearner):
         after = self.cfg.learner.dgpo.sample_with_ema_after
         return self.ema_ref if 0 < after <= self.policy.optimizer_steps else None
 
-    def micro_loss(self, members, batches, epoch, space, first):
+    def micro_loss(self, work, members, epoch, first, real):
         lc = self.cfg.learner
         dg, K = lc.dgpo, lc.train_times
-        _, x_t, t, u, cond, adv, index, draw = self.rows(members, batches, epoch, space)
+        _, x_t, t, u, cond, adv, index, draw = self.rows(members, work, epoch)
         v_ref = self.velocity(x_t, t, cond, weights=REFERENCE)
         v_old = self.velocity(x_t, t, cond, weights=self.ema_ref)
         v = self.velocity(x_t, t, cond)

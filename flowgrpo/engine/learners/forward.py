@@ -36,7 +36,7 @@ import torch
 
 import samplers
 from flowgrpo.engine.copies import WeightCopy, soft_keep
-from flowgrpo.engine.learners.base import Learner, Rollouts, deal_samples, seeded_permutation
+from flowgrpo.engine.learners.base import Learner, Rollouts, Step, deal_samples, seeded_permutation
 from samplers.grids import STREAM_FORWARD_UPDATE_ORDER, STREAM_TRAIN_DRAWS
 
 
@@ -65,6 +65,11 @@ class Member:
     sample: Sample
     draws: tuple[int, ...]
 
+    @property
+    def slot(self) -> int:
+        """The prompt slot of the iteration the sample answers."""
+        return self.sample.key[0]
+
 
 @dataclass(frozen=True)
 class DrawSpace:
@@ -82,11 +87,24 @@ class DrawSpace:
         return cls(rollouts.iteration, grid[:-1].to(torch.float32), plan.shift, tuple(latent))
 
 
+@dataclass
+class ForwardWork:
+    """An iteration's trained samples (``ForwardLearner.prepare``)."""
+
+    iteration: int
+    batches: list  # the rollout batches
+    samples: list[Sample]
+    by_group: dict  # {group: indices into samples}
+    group_ids: list[int]
+    space: DrawSpace
+    trained: int  # samples trained (not tied)
+
+
 class ForwardLearner(Learner):
     """A learner on the clean samples (see the module docstring); subclasses implement ``micro_loss``."""
 
     needs_transitions = False
-    contract_metric = ""  # the diagnostic logged at inner epoch 0 (the ratio == 1 or v⁺ = v_old contract)
+    trained_metric = "trained_samples"
     unit = "row"  # what a micro-batch never splits: a row (sample, draw), "group_draw" (a group on one draw), "group"
 
     def describe(self, leaves_per_prompt: int, trained_per_prompt: int) -> str:
@@ -173,11 +191,11 @@ class ForwardLearner(Learner):
         with self.policy.model.integer_timesteps(self.cfg.learner.integer_times, rounding="nearest"):
             return self.policy.velocity(x, t, cond, self.guidance, weights)
 
-    def stand_in(self, rollouts: Rollouts) -> Member:
+    def filler(self, work: ForwardWork) -> list[Member]:
         """A sample for a sharded process that trains none this step (its loss is multiplied by 0)."""
-        return Member(Sample(0, 0, 0.0, -1, (0, 0)), tuple(range(self.cfg.learner.train_times)))
+        return [Member(Sample(0, 0, 0.0, -1, (0, 0)), tuple(range(self.cfg.learner.train_times)))]
 
-    def micro_batches(self, chunk: list[int], by_group: dict, samples: list[Sample], limit: int,
+    def pack(self, chunk: list[int], by_group: dict, samples: list[Sample], limit: int,
                       unit: str | None = None) -> list[list[Member]]:
         """The update's rows in micro-batches of at most ``limit`` rows (one unit more only where a unit alone
         is larger): group by group, sample-major, each sample's draws in order (see the module docstring)."""
@@ -208,59 +226,33 @@ class ForwardLearner(Learner):
         return out
 
     # ---------------------------------------------------------------- the update
-    def update(self, rollouts: Rollouts) -> dict:
-        policy, t_cfg = self.policy, self.cfg.train
+    def prepare(self, rollouts: Rollouts) -> ForwardWork:
         samples = self.samples(rollouts)
         self.begin_update(samples)
         by_group: dict[int, list[int]] = {}
         for i, s in enumerate(samples):
             by_group.setdefault(s.group, []).append(i)
-        group_ids = sorted(by_group)
-        space = DrawSpace.of(rollouts, policy.latent_shape)
-        diag: dict[str, list] = {"loss": [], "grad_norm": []}
-        contract: list[float] = []
-        skipped_before, probed = policy.skipped_steps, {}
-        for epoch in range(t_cfg.inner_epochs):
-            for u, chunk in enumerate(self.updates(by_group, group_ids, rollouts.iteration, epoch)):
-                normaliser = self.normalisation(samples, list(chunk), chunk)
-                chosen = {g: [i for i in members if not samples[i].tied] for g, members in chunk.items()}
-                policy.zero_grad()
-                # micro-batches of at most train.micro_batch rows; a gradient-noise probe's hold whole groups (at
-                # least two, up to four), so that each is a small-batch gradient over its prompts
-                limit, unit = t_cfg.micro_batch, None
-                if policy.probe.active:
-                    limit = min(limit, -(-sum(len(v) for v in chosen.values()) * self.cfg.learner.train_times // 4))
-                    unit = "group"
-                parts = self.micro_batches(list(chosen), chosen, samples, limit, unit)
-                for members, real in policy.matched(parts, lambda: [self.stand_in(rollouts)]):
-                    loss, d = self.micro_loss(members, rollouts.batches, epoch, space, first=epoch == 0 and u == 0)
-                    loss = loss / normaliser  # the step's loss is a mean over its rows on every process
-                    if not real:  # the same model calls as the other processes, no gradient, no diagnostics
-                        policy.backward(loss * 0.0)
-                        continue
-                    policy.backward(loss, len({m.sample.key[0] for m in members}))
-                    diag["loss"].append(loss.detach().reshape(1))
-                    for key, value in d.items():
-                        diag.setdefault(key, []).append(value.detach().float().reshape(-1).cpu())
-                    if epoch == 0 and u == 0 and self.contract_metric:
-                        contract.append(float(d[self.contract_metric].max()))
-                norm, probed = policy.step(len({samples[i].key[0] for v in chosen.values() for i in v}))
-                diag["grad_norm"].append(torch.tensor([norm]))
-        cat = {k: torch.cat(v) for k, v in diag.items() if v}
-        # the loss summed over processes (each process's share is normalised globally), the contract's worst row
-        local = torch.tensor([float(cat["loss"].sum()) if "loss" in cat else 0.0, max(contract) if contract else 0.0], dtype=torch.float64)
-        every = policy.gather(local.view(1, 2))
-        metrics = {
-            "loss": float(every[:, 0].sum()) / max(1, t_cfg.inner_epochs),
-            "grad_norm": float(cat["grad_norm"].mean()) if "grad_norm" in cat else 0.0,
-            "trained_samples": int(policy.gather(torch.tensor([sum(not s.tied for s in samples)])).sum()),
-            "skipped_steps": policy.skipped_steps - skipped_before,
-        }
-        metrics.update({f"{self.name}/{k}": float(v.mean()) for k, v in cat.items() if k not in ("loss", "grad_norm")})
-        if self.contract_metric:
-            metrics[f"{self.contract_metric}_epoch0"] = float(every[:, 1].max())
-        metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
-        return metrics
+        return ForwardWork(rollouts.iteration, rollouts.batches, samples, by_group, sorted(by_group),
+                           DrawSpace.of(rollouts, self.policy.latent_shape), sum(not s.tied for s in samples))
+
+    def steps(self, work: ForwardWork, epoch: int):
+        samples = work.samples
+        for chunk in self.updates(work.by_group, work.group_ids, work.iteration, epoch):
+            normaliser = self.normalisation(samples, list(chunk), chunk)
+            chosen = {g: [i for i in members if not samples[i].tied] for g, members in chunk.items()}
+            yield Step(chosen, len({samples[i].key[0] for v in chosen.values() for i in v}), normaliser)
+
+    def micro_batches(self, work: ForwardWork, step: Step, probe: bool) -> list[list[Member]]:
+        """Micro-batches of at most train.micro_batch rows; a gradient-noise probe's hold whole groups (at least two,
+        up to four), so that each is a small-batch gradient over its prompts."""
+        chosen, limit, unit = step.units, self.cfg.train.micro_batch, None
+        if probe:
+            limit = min(limit, -(-sum(len(v) for v in chosen.values()) * self.cfg.learner.train_times // 4))
+            unit = "group"
+        return self.pack(list(chosen), chosen, work.samples, limit, unit)
+
+    def report(self, diagnostics: dict) -> dict:
+        return {f"{self.name}/{k}": float(v.mean()) for k, v in diagnostics.items()}
 
     def updates(self, by_group: dict, group_ids: list[int], iteration: int, epoch: int) -> list[dict]:
         """Each of the pass's train.updates_per_epoch optimizer steps as {group: its samples there}: whole groups dealt
@@ -277,10 +269,11 @@ class ForwardLearner(Learner):
         rows = sum(len(by_group[g]) for g in chunk) * self.cfg.learner.train_times
         return float(self.policy.gather(torch.tensor([rows])).sum())
 
-    def rows(self, members: list[Member], batches: list, epoch: int, space: DrawSpace):
+    def rows(self, members: list[Member], work: ForwardWork, epoch: int):
         """The micro-batch's training rows: x0, x_t, t, u = ε − x0, the conditioning rows, advantages [R],
         each row's index into ``members`` and its draw index in 0..K−1 (rows are member-major, each member's
         chosen draws in order). A draw's numbers do not depend on which of them a micro-batch holds."""
+        batches, space = work.batches, work.space
         device, latent = self.policy.device, space.latent
         x0, ts, noise, conds, counts = [], [], [], [], []
         for m in members:
@@ -322,8 +315,7 @@ class ForwardLearner(Learner):
     def begin_update(self, samples: list[Sample]) -> None:
         """Called once per iteration before the first optimizer step (e.g. snapshot the rollout weights)."""
 
-    def micro_loss(self, members: list[Member], batches: list, epoch: int, space: DrawSpace,
-                   first: bool) -> tuple[torch.Tensor, dict]:
-        """The loss of a micro-batch's rows summed (``update`` divides it by the step's normaliser), and per-row
-        diagnostics."""
+    def micro_loss(self, work: ForwardWork, members: list[Member], epoch: int, first: bool,
+                   real: bool) -> tuple[torch.Tensor, dict]:
+        """The loss of a micro-batch's rows (``rows``) summed, and per-row diagnostics (see ``Learner``)."""
         raise NotImplementedError

@@ -56,16 +56,16 @@ def nft_loss(v_theta, v_old, x_t, x0, t, advantages, *, beta: float, adv_max: fl
 
 class NFTLearner(ForwardLearner):
     name = "diffusion_nft"
-    contract_metric = "max_abs_vplus_minus_vold"
+    contract = ("max_abs_vplus_minus_vold", "max_abs_vplus_minus_vold_epoch0")
 
     def __init__(self, cfg, policy):
         super().__init__(cfg, policy)
         # the sampling policy θ_old, a soft copy of θ that follows after each iteration
         self.old = self.sampling_copy = soft_copy(policy, "old", cfg.learner.nft.old, follows="iteration")
 
-    def micro_loss(self, members, batches, epoch, space, first):
+    def micro_loss(self, work, members, epoch, first, real):
         lc = self.cfg.learner
-        x0, x_t, t, u, cond, adv, _, _ = self.rows(members, batches, epoch, space)
+        x0, x_t, t, u, cond, adv, _, _ = self.rows(members, work, epoch)
         # every no-gradient call first: a copy's weights are swapped into the parameters in place
         v_old = self.velocity(x_t, t, cond, weights=self.old)
         v_ref = self.velocity(x_t, t, cond, weights=REFERENCE) if lc.kl_coef > 0 else None
@@ -77,5 +77,5 @@ class NFTLearner(ForwardLearner):
             kl = _mean_d((v - v_ref).square())
             total = total + lc.kl_coef * kl.sum()
             d["kl_ref"] = kl.detach()
-        d[self.contract_metric] = (v_pos.detach() - v_old).abs().flatten(1).amax(1)
+        d["max_abs_vplus_minus_vold"] = (v_pos.detach() - v_old).abs().flatten(1).amax(1)
         return total, d

@@ -13,14 +13,14 @@ GRPO-Guard and SAGE-GRPO all train this way; they differ in their plans and thes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 import samplers
 from flowgrpo import likelihood
 from flowgrpo.engine.copies import refresh_every
-from flowgrpo.engine.learners.base import Learner, Rollouts, deal_samples, seeded_permutation
+from flowgrpo.engine.learners.base import Learner, Rollouts, Step, deal_samples, seeded_permutation
 from flowgrpo.engine.loss import SageKLWeight, clipped_policy_loss, gaussian_kl, step_weights
 from flowgrpo.engine.policy import REFERENCE
 from samplers.grids import STREAM_UPDATE_ORDER
@@ -36,15 +36,31 @@ class TransitionRow:
     weight: float  # the plan's loss weight times the step weight (the policy term's)
     group: int  # global advantage group (prompt slot · groups per prompt + local group)
     slot: int  # the prompt slot of the iteration
+    coef: float = 0.0  # its share of the iteration's loss (1 / (group's transitions · groups) or 1 / transitions)
 
 
 # a sharded process without a transition this iteration trains this zero-weight stand-in (its loss times 0)
 STAND_IN = TransitionRow(0, 0, 0.0, 0.0, -1, -1)
 
 
+@dataclass
+class TransitionWork:
+    """An iteration's trained transitions (``TransitionLearner.prepare``)."""
+
+    iteration: int
+    batches: list  # the rollout batches
+    rows: list[TransitionRow]
+    tied: set  # indices of rows of tied groups: in the normalisation, never computed
+    group_ids: list[int]
+    chains: list[tuple]  # per row: its sample (batch, prompt slot, root node)
+    trained: int  # rows trained (not tied)
+
+
 class TransitionLearner(Learner):
     name = "transition"
     needs_transitions = True
+    contract = ("ratio_dev", "max_abs_ratio_minus_1_epoch0")
+    trained_metric = "trained_transitions"
 
     def __init__(self, cfg, policy):
         super().__init__(cfg, policy)
@@ -73,8 +89,9 @@ class TransitionLearner(Learner):
                 f"{t.inner_epochs * t.updates_per_epoch}; ~{transitions // t.updates_per_epoch} transitions per update "
                 f"in micro-batches of {t.micro_batch} per process")
 
-    def update(self, rollouts: Rollouts) -> dict:
-        policy, cfg, t = self.policy, self.cfg, self.cfg.train
+    # ---------------------------------------------------------------- the data
+    def prepare(self, rollouts: Rollouts) -> "TransitionWork":
+        policy, cfg = self.policy, self.cfg
         batches = rollouts.batches
         rows: list[TransitionRow] = []
         chains = []  # per row: the sample (chain) it belongs to, (batch, prompt slot, root node)
@@ -100,55 +117,36 @@ class TransitionLearner(Learner):
             counts[row.group] = counts.get(row.group, 0) + 1
         total_groups = int(policy.gather(torch.tensor([len(counts)])).sum())
         total_rows = int(policy.gather(torch.tensor([len(rows)])).sum())
-        coef = [1.0 / (counts[row.group] * max(1, total_groups)) if cfg.loss.normalize == "group" else 1.0 / max(1, total_rows)
-                for row in rows]
-        diag: dict[str, list] = {"loss": [], "log_ratio": [], "ratio_dev_epoch0": [], "clipped_high": [], "clipped_low": [],
-                                 "approx_kl": [], "grad_norm": [], "step": [], "kl": []}
-        group_ids = sorted(counts)
-        skipped_before, probed = policy.skipped_steps, {}
-        for epoch in range(t.inner_epochs):
-            for u, selected in enumerate(self._updates(rows, tied, group_ids, rollouts.iteration, epoch, chains)):
-                policy.zero_grad()
-                parts = self._micro_batches(selected, rows, t.micro_batch, policy.probe.active)
-                for part, real in policy.matched(parts, lambda: [0] if rows else None):
-                    if part is None:  # a sharded process without a transition this iteration: a zero-weight stand-in
-                        loss, _ = self._micro_step([STAND_IN], [0.0], batches, report=False)
-                    else:
-                        loss, d = self._micro_step([rows[i] for i in part],
-                                                   [coef[i] * t.updates_per_epoch if real else 0.0 for i in part], batches,
-                                                   report=real)
-                    if not real:  # the same model calls as the other processes, no gradient, no diagnostics
-                        policy.backward(loss * 0.0)
-                        continue
-                    policy.backward(loss, len({rows[i].slot for i in part}))
-                    for key in ("log_ratio", "clipped_high", "clipped_low", "approx_kl", "kl"):
-                        diag[key].append(d[key])
-                    diag["step"].append(d["step"])
-                    diag["loss"].append(loss.detach().reshape(1))
-                    if epoch == 0 and u == 0:
-                        diag["ratio_dev_epoch0"].append(d["ratio_dev"])
-                norm, probed = policy.step(len({rows[i].slot for i in selected}))
-                diag["grad_norm"].append(torch.tensor([norm]))
-        cat = {k: torch.cat(v) if v else torch.zeros(0) for k, v in diag.items()}
-        # the loss summed over processes (each process's share is normalised globally), the contract's worst row
-        local = torch.tensor([float(cat["loss"].sum()), float(cat["ratio_dev_epoch0"].max()) if cat["ratio_dev_epoch0"].numel() else 0.0], dtype=torch.float64)
-        every = policy.gather(local.view(1, 2))
-        metrics = {
-            "loss": float(every[:, 0].sum()) / max(1, t.inner_epochs),
-            "max_abs_ratio_minus_1_epoch0": float(every[:, 1].max()),
-            "clip_frac_high": float(cat["clipped_high"].mean()) if cat["clipped_high"].numel() else 0.0,
-            "clip_frac_low": float(cat["clipped_low"].mean()) if cat["clipped_low"].numel() else 0.0,
-            "approx_kl": float(cat["approx_kl"].mean()) if cat["approx_kl"].numel() else 0.0,
-            "kl_ref": float(cat["kl"].mean()) if cat["kl"].numel() else 0.0,
-            "grad_norm": float(cat["grad_norm"].mean()) if cat["grad_norm"].numel() else 0.0,
-            "trained_transitions": int(policy.gather(torch.tensor([len(rows) - len(tied)])).sum()),
-            "skipped_steps": policy.skipped_steps - skipped_before,  # optimizer steps without gradient, not taken
-        }
+        rows = [replace(row, coef=1.0 / (counts[row.group] * max(1, total_groups)) if cfg.loss.normalize == "group"
+                        else 1.0 / max(1, total_rows)) for row in rows]
+        return TransitionWork(rollouts.iteration, batches, rows, tied, sorted(counts), chains, len(rows) - len(tied))
+
+    def steps(self, work: "TransitionWork", epoch: int) -> list[Step]:
+        return [Step(selected, len({work.rows[i].slot for i in selected}))
+                for selected in self._updates(work.rows, work.tied, work.group_ids, work.iteration, epoch, work.chains)]
+
+    def micro_batches(self, work: "TransitionWork", step: Step, probe: bool) -> list[list[TransitionRow]]:
+        parts = self._micro_batches(step.units, work.rows, self.cfg.train.micro_batch, probe)
+        return [[work.rows[i] for i in part] for part in parts]
+
+    def filler(self, work: "TransitionWork") -> list[TransitionRow]:
+        return [work.rows[0] if work.rows else STAND_IN]
+
+    def micro_loss(self, work: "TransitionWork", part: list[TransitionRow], epoch: int, first: bool, real: bool):
+        U = self.cfg.train.updates_per_epoch  # each step's rows carry 1/U of the iteration's normalisation
+        return self._micro_step(part, [row.coef * U if real else 0.0 for row in part], work.batches, report=real)
+
+    def report(self, diagnostics: dict) -> dict:
+        def mean(key: str) -> float:
+            return float(diagnostics[key].mean()) if key in diagnostics and diagnostics[key].numel() else 0.0
+
+        metrics = {"clip_frac_high": mean("clipped_high"), "clip_frac_low": mean("clipped_low"),
+                   "approx_kl": mean("approx_kl"), "kl_ref": mean("kl")}
         if self.kl_weight is not None:
             metrics["kl_weight"] = self.kl_weight.weight
-        metrics.update(probed)  # the last probed step's fit (log.grad_noise_every)
-        for s in cat["step"].unique().tolist() if cat["step"].numel() else []:
-            lr = cat["log_ratio"][cat["step"] == s]
+        steps = diagnostics.get("step", torch.zeros(0))
+        for s in steps.unique().tolist() if steps.numel() else []:
+            lr = diagnostics["log_ratio"][steps == s]
             metrics[f"log_ratio_step{s}/mean"] = float(lr.mean())
             metrics[f"log_ratio_step{s}/std"] = float(lr.std()) if lr.numel() > 1 else 0.0
         return metrics
