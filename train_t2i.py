@@ -5,7 +5,7 @@ SD3 in the toy world, on CPU, about 15 minutes). ``--preset`` picks a method (co
 mixgrpo_flash, branchgrpo, branchgrpo_mix, tempflow, grpo_guard, sage, flow_grpo_fast, and the
 forward-process learners diffusion_nft, awm, dgpo), ``--config configs/analytic.yaml`` the analytic world,
 ``--model`` a model config (configs/models/), and ``key=value`` overrides any field
-(e.g. ``train.iterations=100 sampling.plan.group_size=12``); see flowgrpo/config.py.
+(e.g. ``train.iterations=100 sampling.plan.group_size=12``); see flowgrpo/config/schema.py.
 """
 
 import sys

@@ -5,7 +5,7 @@ embedded video default (configs/default_t2v.yaml: the tiny Wan2.1 built by ``flo
 pretrain-toy-video`` on the toy video world, rewarded by ``toy_video``, on CPU). ``--preset`` picks a
 method (configs/presets/, as for images), ``--model`` a model config (configs/models/: tiny_wan,
 wan2_1_t2v_1_3b, wan2_1_t2v_14b), and ``key=value`` overrides any field (e.g.
-``train.iterations=10 sampling.plan.group_size=4``); see flowgrpo/config.py. Samples are written as
+``train.iterations=10 sampling.plan.group_size=4``); see flowgrpo/config/schema.py. Samples are written as
 MP4s with a poster PNG each in runs/<name>/samples/step_<n>/.
 """
 

@@ -77,7 +77,9 @@ def main() -> None:
         print(f"batch {k + 1}/{args.batches}: |g| {grads[-1].norm():.3e}  {rewards[-1]}", flush=True)
     samples //= args.batches
     stats = noise_scale(torch.stack(grads), samples)
-    print(f"\nconfig: {cfg.sampling.method}, {samples} samples per iteration, {grads[0].numel()} trained parameters")
+    preset = args.preset or ("the video default" if args.video else "the image default")
+    print(f"\nconfig: {preset} (sampling.plan.kernel={cfg.sampling.plan.get('kernel')}, learner {cfg.learner.name}), "
+          f"{samples} samples per iteration, {grads[0].numel()} trained parameters")
     print(f"pairwise cosine of independent gradients: mean {stats['cos_mean']:+.4f}, std {stats['cos_std']:.4f}")
     print(f"|g|^2 (signal) {stats['signal']:.3e}   tr(Sigma)/B (noise) {stats['noise']:.3e}")
     if stats["detected"]:

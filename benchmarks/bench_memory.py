@@ -14,7 +14,7 @@ with ``torch.cuda.max_memory_allocated``:
                 config's resolution (and frames) and text length, with and without gradient checkpointing
   optimizer     allocated after an AdamW step − weights: gradients + the two moments
 
-and prints each next to what the memory plan (flowgrpo/models/memory.py) computes for one process, with the
+and prints each next to what the memory plan (flowgrpo/memory/) computes for one process, with the
 ratio measured / planned (``--compare FILE`` prints a saved measurement beside the plan, without a GPU).
 benchmarks/check_plan_activations.py checks the plan's activation inventory itself (the tensors autograd saves). Inputs are random tensors of the shapes the family's pipeline feeds its
 transformer (flowgrpo/models/<family>.py). Needs a CUDA GPU.
@@ -46,12 +46,9 @@ def build(model_cfg, arch_file: Path, device: str):
     if model_cfg.finetune == "lora":
         from peft import LoraConfig
 
-        from flowgrpo.models.config import DEFAULT_LORA_TARGETS, _family_class
+        from flowgrpo.memory import lora_targets
 
-        family = _family_class(model_cfg.family)
-        targets = list(model_cfg.lora_target_modules)
-        if tuple(targets) == DEFAULT_LORA_TARGETS:
-            targets = list(family.default_lora_targets)
+        targets = lora_targets(model_cfg)
         transformer.requires_grad_(False)
         transformer.add_adapter(LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
                                            init_lora_weights="gaussian", target_modules=targets))
@@ -145,15 +142,32 @@ def measure(model_name: str, finetune: str | None, micro_batches: list[int], dev
     return out
 
 
-def compare(row: dict) -> list[str]:
-    """Lines of measured / planned for one measured row (the plan of flowgrpo/models/memory.py, one process)."""
+def plan_for_bench(model_name: str, finetune: str | None = None) -> dict:
+    """The plan's line items for one process of ``configs/models/<model_name>.yaml`` (printed beside what
+    :func:`measure` measures)."""
     from omegaconf import OmegaConf
 
-    from flowgrpo.models.memory import PLANNED_FAMILIES, plan_for_bench
+    from flowgrpo.memory import plan, read_architecture
+    from flowgrpo.models.config import validate_model_config
+    from flowgrpo.run.paths import configs_dir
+
+    cfg = validate_model_config(OmegaConf.to_container(OmegaConf.load(configs_dir() / "models" / f"{model_name}.yaml")))
+    p = plan(read_architecture(cfg, model_name), cfg, finetune=finetune, copies=(), name=model_name)
+    return {"weights_bytes": p.weights + p.buffers, "grads_and_optimizer_bytes": p.gradients + p.optimizer,
+            "activations": {"ckpt": p.activations_per_sample["checkpointing"],
+                            "full": p.activations_per_sample["no checkpointing"]},
+            "params": p.params["transformer"], "trainable": p.trainable_params}
+
+
+def compare(row: dict) -> list[str]:
+    """Lines of measured / planned for one measured row (the plan of flowgrpo/memory/, one process)."""
+    from omegaconf import OmegaConf
+
+    from flowgrpo.memory import planned_families
     from flowgrpo.run.paths import configs_dir
 
     family = OmegaConf.load(configs_dir() / "models" / f"{row['model']}.yaml").family
-    if family not in PLANNED_FAMILIES:  # measured only: the plan has no activation inventory for this family
+    if family not in planned_families():  # measured only: the plan has no activation inventory for this family
         return [f"{row['model']} ({row['finetune']}), GiB measured (no plan for the {family} family): weights "
                 f"{row['weights_bytes'] / GIB:.2f}, gradients and optimizer {row['grads_and_optimizer_bytes'] / GIB:.2f}, "
                 "activations " + ", ".join(f"{k} {v if isinstance(v, str) else f'{v / GIB:.2f}'}"

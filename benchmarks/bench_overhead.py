@@ -226,7 +226,7 @@ def run(model: str, preset: str | None, overrides: list[str], warmup: int, itera
     rest = breakdown(per, model_in, {"sample": totals["sample"] / n, "update": totals["update"] / n}, model_time, wall)
     return {
         "model": model, "preset": preset or "default", "pretrained": cfg.model.pretrained,
-        "resolution": cfg.model.resolution, "method": cfg.sampling.method, "learner": cfg.learner.name,
+        "resolution": cfg.model.resolution, "method": rollout_label(cfg), "learner": cfg.learner.name,
         "group_size": cfg.sampling.plan.get("group_size"), "prompts": cfg.train.prompts_per_iteration,
         "iterations": n, "wall_s": wall, "model_s": model_time["total"], "ratio": ratio(wall, model_time["total"]),
         # every network the iteration runs: the transformer, and the VAE decoder and text encoders too
@@ -237,6 +237,16 @@ def run(model: str, preset: str | None, overrides: list[str], warmup: int, itera
         "samples_every": samples_every, "save_every": save_every,
         "rest_s": {k: rest[k] for k in REST},
     }
+
+
+def rollout_label(cfg) -> str:
+    """The rollout in a word or two (the row's "method"; the preset names the method): the plan's kernel, and its
+    tree, side branches or moving SDE window."""
+    plan = cfg.sampling.plan
+    label = str(plan.get("kernel", "flow_sde"))
+    label += " tree" if plan.get("splits") else ""
+    label += f" + {plan.get('side_kernel', 'flow_sde')} branches" if plan.get("side_steps") else ""
+    return label + (" window" if cfg.sampling.window else "")
 
 
 def configurations(presets: list[str | None], video: str, every: list[str] = PRESETS) -> list[tuple[str, str | None]]:

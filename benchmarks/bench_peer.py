@@ -229,7 +229,7 @@ class Peer:
             guidance_scale=self.guidance, noise_level=args.eta))
         self.max_len = trainer.model.config.max_sequence_length
         self.neg = self.encode([""])
-        from flowgrpo.models.base import CallTimer
+        from flowgrpo.run.timing import CallTimer
 
         self.timer = CallTimer(trainer.model.device)  # the peer's model calls, timed as flowgrpo's are
 

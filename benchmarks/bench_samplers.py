@@ -2,7 +2,8 @@
 
     python benchmarks/bench_samplers.py [--prompts 2] [--repeats 3] [--threads 1] [--latent 4 32 32]
 
-For each plan (``samplers.METHOD_PRESETS`` at iteration 0, paper defaults) it prints: steps, leaves,
+For each rollout plan the presets write (configs/presets/<name>.yaml: ``sampling.plan`` and ``sampling.window``, at
+iteration 0; presets sharing a plan share a row) it prints: steps, leaves,
 forwards (NFE) and trained transitions per prompt (= per group for chains, per tree for BranchGRPO,
 per trunk for TempFlow), the rollout wall time for the batch (best of ``--repeats``), the time spent
 inside velocity calls, and the executor overhead ratio = wall time / velocity time (target ≤ 1.10).
@@ -21,7 +22,21 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from samplers import METHOD_PRESETS, method_schedule, rollout  # noqa: E402
+from flowgrpo.config import preset_names, preset_plan  # noqa: E402
+from samplers import build_schedule, rollout  # noqa: E402
+
+
+def preset_plans() -> dict[str, tuple[dict, dict | None]]:
+    """{the presets writing it, joined by '/': (plan, window)} for every distinct rollout plan of configs/presets/."""
+    plans: list[tuple[list[str], tuple[dict, dict | None]]] = []
+    for name in preset_names():
+        spec = preset_plan(name)
+        same = next((names for names, other in plans if other == spec), None)
+        if same is None:
+            plans.append(([name], spec))
+        else:
+            same.append(name)
+    return {"/".join(names): spec for names, spec in plans}
 
 
 class TinyVelocity(nn.Module):
@@ -82,18 +97,18 @@ def main():
     latent = tuple(args.latent)
     print(f"latent {latent}, {args.prompts} prompts, {torch.get_num_threads()} thread(s), "
           f"velocity net {sum(p.numel() for p in model.parameters())} params, best of {args.repeats}")
-    header = f"{'method':20s} {'steps':>5s} {'leaves':>6s} {'NFE/prompt':>10s} {'trained/prompt':>14s} " \
+    header = f"{'preset':24s} {'steps':>5s} {'leaves':>6s} {'NFE/prompt':>10s} {'trained/prompt':>14s} " \
              f"{'calls':>5s} {'wall s':>8s} {'velocity s':>10s} {'overhead':>8s}"
     print(header)
     print("-" * len(header))
     with torch.no_grad():
-        for name in METHOD_PRESETS:
-            plan = method_schedule(name).plan(0)
+        for name, (plan, window) in preset_plans().items():
+            plan = build_schedule(plan, window, name=name).plan(0)
             counts = plan.counts()
             wall, inside, calls, record = measure(velocity, plan, args.prompts, latent, args.repeats)
             assert record.nfe["rollout"] == args.prompts * counts["nfe"]
             assert record.num_transitions == args.prompts * counts["trained"]
-            print(f"{name:20s} {plan.num_steps:5d} {counts['leaves']:6d} {counts['nfe']:10d} "
+            print(f"{name:24s} {plan.num_steps:5d} {counts['leaves']:6d} {counts['nfe']:10d} "
                   f"{counts['trained']:14d} {calls:5d} {wall:8.3f} {inside:10.3f} {wall / inside:8.3f}")
 
 

@@ -86,10 +86,10 @@ def configure(args) -> list[str]:
 def run(args) -> dict:
     from flowgrpo.config import load_config
     from flowgrpo.engine.trainer import Trainer
-    from flowgrpo.models.config import family_modality
+    from flowgrpo.models.families import FAMILIES
 
     probe = load_config(args.preset, args.model, configure(args))
-    video = family_modality(probe.model.family) == "video"
+    video = FAMILIES[probe.model.family].modality == "video"
     reward = ({"rewards": [{"name": "per_frame", "kwargs": {"reward": "jpeg_compressibility"}}]} if video
               else {"rewards": [{"name": "jpeg_compressibility"}]})
     cfg = load_config(args.preset, args.model, configure(args) + ["allow_config_change=true"], base=reward,

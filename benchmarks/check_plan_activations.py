@@ -15,7 +15,7 @@ within one GPU) measures, without autocast:
               activations at the peak lie between ckpt_peak - lora_gradients and ckpt_peak
 
 each without autocast (the plan's assumption) and under ``torch.autocast`` in the model dtype
-(``train.mixed_precision=bf16``), and prints them beside ``flowgrpo.models.memory.activation_bytes`` (the plan's
+(``train.mixed_precision=bf16``), and prints them beside ``flowgrpo.memory.activation_bytes`` (the plan's
 per-sample activations: ``activation_bytes`` for ``saved``, ``training_activation_bytes`` for the peak), with the
 ratio measured / planned. tests/models/test_memory.py makes the same comparison on
 tiny models on the CPU.
@@ -77,8 +77,9 @@ def build(name: str, frames: int):
     """(model config, architecture, transformer on the GPU in the model dtype with random weights)."""
     from omegaconf import OmegaConf
 
+    from flowgrpo.memory import read_architecture
+    from flowgrpo.models.architectures import _config_files, architecture_dir
     from flowgrpo.models.config import validate_model_config
-    from flowgrpo.models.memory import _config_files, architecture_dir, read_architecture
     from flowgrpo.models.random_init import diffusers_model
     from flowgrpo.run.paths import configs_dir
 
@@ -94,7 +95,7 @@ def build(name: str, frames: int):
 def measure(name: str, cfg, arch, model, finetune: str, autocast: bool) -> dict:
     from contextlib import nullcontext
 
-    from flowgrpo.models.memory import activation_bytes, lora_targets, token_counts, training_activation_bytes
+    from flowgrpo.memory import activation_bytes, lora_targets, token_counts, training_activation_bytes
 
     full = finetune == "full"
     targets = [] if full else lora_targets(cfg)
@@ -145,7 +146,7 @@ def run_model(name: str, finetunes, frames: int, autocasts) -> list[dict]:
         else:
             from peft import LoraConfig
 
-            from flowgrpo.models.memory import lora_targets
+            from flowgrpo.memory import lora_targets
 
             model.requires_grad_(False)
             model.add_adapter(LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights="gaussian",
@@ -176,7 +177,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("check_plan_activations needs a CUDA GPU", file=sys.stderr)
         return 2
-    # as flowgrpo on CUDA (flowgrpo/models/base.py): PyTorch SDPA without its cuDNN kernel (FLUX.1-dev's backward
+    # as flowgrpo on CUDA (flowgrpo/models/loading.py): PyTorch SDPA without its cuDNN kernel (FLUX.1-dev's backward
     # through it stopped with an illegal memory access on an H100, torch 2.11); flash / memory-efficient remain
     torch.backends.cuda.enable_cudnn_sdp(False)
     rows = []

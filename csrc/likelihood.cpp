@@ -256,6 +256,29 @@ FLOWGRPO_CLONES void forward_tile(int64_t len, C a, C b, const C* __restrict X,
   acc_out = acc;
 }
 
+// One tile of a row's inputs: x, v, x' and the old and reference means (null where absent; from a velocity, μ = a·x + b·w
+// into the buffer), each converted to C in its buffer unless already contiguous C.
+template <typename C>
+struct RowTiles {
+  const C *x, *v, *x_next, *old, *ref;
+};
+
+template <typename C>
+RowTiles<C> row_tiles(const Problem& p, int64_t row, int64_t t0, int64_t len, C a, C b, C* bx, C* bv, C* bxn, C* bo,
+                      C* br) {
+  RowTiles<C> t{tile_of(p.x, row, t0, len, bx), tile_of(p.v, row, t0, len, bv), tile_of(p.x_next, row, t0, len, bxn),
+                nullptr, nullptr};
+  if (p.has_old) {
+    t.old = tile_of(p.old, row, t0, len, bo);
+    if (p.old_is_velocity) affine_tile(len, a, b, t.x, t.old, bo), t.old = bo;
+  }
+  if (p.has_ref) {
+    t.ref = tile_of(p.ref, row, t0, len, br);
+    if (p.ref_is_velocity) affine_tile(len, a, b, t.x, t.ref, br), t.ref = br;
+  }
+  return t;
+}
+
 template <typename C>
 Sums forward_chunk(const Problem& p, int64_t row, int64_t begin, int64_t end, C* mean_row) {
   alignas(64) C bx[kTile], bv[kTile], bxn[kTile], bo[kTile], br[kTile], bm[kTile];
@@ -264,19 +287,7 @@ Sums forward_chunk(const Problem& p, int64_t row, int64_t begin, int64_t end, C*
   Lanes acc;
   for (int64_t t0 = begin; t0 < end; t0 += kTile) {
     const int64_t len = std::min(kTile, end - t0);
-    const C* X = tile_of(p.x, row, t0, len, bx);
-    const C* V = tile_of(p.v, row, t0, len, bv);
-    const C* XN = tile_of(p.x_next, row, t0, len, bxn);
-    const C* MO = nullptr;
-    const C* MR = nullptr;
-    if (p.has_old) {
-      MO = tile_of(p.old, row, t0, len, bo);
-      if (p.old_is_velocity) affine_tile(len, a, b, X, MO, bo), MO = bo;
-    }
-    if (p.has_ref) {
-      MR = tile_of(p.ref, row, t0, len, br);
-      if (p.ref_is_velocity) affine_tile(len, a, b, X, MR, br), MR = br;
-    }
+    const auto [X, V, XN, MO, MR] = row_tiles(p, row, t0, len, a, b, bx, bv, bxn, bo, br);
     C* M = mean_row ? mean_row + t0 : bm;
     if (p.has_old && p.has_ref) forward_tile<C, true, true>(len, a, b, X, V, XN, MO, MR, M, acc);
     else if (p.has_old) forward_tile<C, true, false>(len, a, b, X, V, XN, MO, MR, M, acc);
@@ -407,19 +418,7 @@ void backward_chunk(const Problem& p, const at::Tensor& grad_mean, const double*
   if (!has_gm) std::fill(bgm, bgm + kTile, C(0));
   for (int64_t t0 = begin; t0 < end; t0 += kTile) {
     const int64_t len = std::min(kTile, end - t0);
-    const C* X = tile_of(p.x, row, t0, len, bx);
-    const C* V = tile_of(p.v, row, t0, len, bv);
-    const C* XN = tile_of(p.x_next, row, t0, len, bxn);
-    const C* MO = nullptr;
-    const C* MR = nullptr;
-    if (p.has_old) {
-      MO = tile_of(p.old, row, t0, len, bo);
-      if (p.old_is_velocity) affine_tile(len, a, b, X, MO, bo), MO = bo;
-    }
-    if (p.has_ref) {
-      MR = tile_of(p.ref, row, t0, len, br);
-      if (p.ref_is_velocity) affine_tile(len, a, b, X, MR, br), MR = br;
-    }
+    const auto [X, V, XN, MO, MR] = row_tiles(p, row, t0, len, a, b, bx, bv, bxn, bo, br);
     const C* GM = has_gm ? tile_of(grad_mean, row, t0, len, bgm) : bgm;
     // write straight into an output of the compute dtype, else into a tile buffer converted below
     C* dst[5];

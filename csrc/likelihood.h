@@ -41,34 +41,19 @@ constexpr double kHalfLog2Pi = 0.918938533204672741780329736406;
 // Dtype codes of the raw input pointers (the CUDA kernels switch on them per element, uniformly).
 enum DtypeCode : int { kF32 = 0, kF64 = 1, kF16 = 2, kBF16 = 3 };
 
-FLOWGRPO_HD float mul_rn(float p, float q) {
+// one rounding per product and sum: the CUDA intrinsics on a device (no fused multiply-add); on the host the plain
+// operators, built with -ffp-contract=off
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(p, q);
+FLOWGRPO_HD float mul_rn(float p, float q) { return __fmul_rn(p, q); }
+FLOWGRPO_HD float add_rn(float p, float q) { return __fadd_rn(p, q); }
+FLOWGRPO_HD double mul_rn(double p, double q) { return __dmul_rn(p, q); }
+FLOWGRPO_HD double add_rn(double p, double q) { return __dadd_rn(p, q); }
 #else
-  return p * q;  // built with -ffp-contract=off
+FLOWGRPO_HD float mul_rn(float p, float q) { return p * q; }
+FLOWGRPO_HD float add_rn(float p, float q) { return p + q; }
+FLOWGRPO_HD double mul_rn(double p, double q) { return p * q; }
+FLOWGRPO_HD double add_rn(double p, double q) { return p + q; }
 #endif
-}
-FLOWGRPO_HD float add_rn(float p, float q) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(p, q);
-#else
-  return p + q;
-#endif
-}
-FLOWGRPO_HD double mul_rn(double p, double q) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(p, q);
-#else
-  return p * q;
-#endif
-}
-FLOWGRPO_HD double add_rn(double p, double q) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(p, q);
-#else
-  return p + q;
-#endif
-}
 
 // μ = x·a + v·b exactly as samplers.kernels rounds it (x*a, then += v*b).
 template <typename C>

@@ -75,12 +75,21 @@ __device__ __forceinline__ double warp_sum(double value) {
   return value;
 }
 
+// the row and the element range [begin, end) this block works on: block b takes chunk b % chunks of row b / chunks
+struct BlockSpan {
+  int64_t row, begin, end;
+};
+
+__device__ __forceinline__ BlockSpan block_span(int64_t chunks, int64_t d) {
+  const int64_t work = blockIdx.x;
+  const int64_t begin = (work % chunks) * kGpuChunk;
+  return {work / chunks, begin, begin + kGpuChunk < d ? begin + kGpuChunk : d};
+}
+
 template <typename C>
 __global__ void __launch_bounds__(kThreads, 4) forward_kernel(ForwardArgs p) {
-  const int64_t work = blockIdx.x;
-  const int64_t row = work / p.chunks, chunk = work % p.chunks;
-  const int64_t begin = chunk * kGpuChunk;
-  const int64_t end = begin + kGpuChunk < p.d ? begin + kGpuChunk : p.d;
+  const BlockSpan span = block_span(p.chunks, p.d);
+  const int64_t row = span.row, begin = span.begin, end = span.end;
   const C a = static_cast<C>(p.a[row]), b = static_cast<C>(p.b[row]);
   const bool has_old = p.old.data != nullptr, has_ref = p.ref.data != nullptr;
   double acc[4] = {0.0, 0.0, 0.0, 0.0};  // Σe², Σe_old·δ, Σδ², Σδ_ref²
@@ -117,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 4) forward_kernel(ForwardArgs p) {
   if (threadIdx.x < 4) {
     double s = 0.0;
     for (int w = 0; w < kThreads / 32; ++w) s += warp_partial[w][threadIdx.x];
-    p.partial[work * 4 + threadIdx.x] = s;
+    p.partial[static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x] = s;
   }
 }
 
@@ -148,10 +157,8 @@ struct BackwardArgs {
 
 template <typename C>
 __global__ void __launch_bounds__(kThreads, 4) backward_kernel(BackwardArgs p) {
-  const int64_t work = blockIdx.x;
-  const int64_t row = work / p.chunks, chunk = work % p.chunks;
-  const int64_t begin = chunk * kGpuChunk;
-  const int64_t end = begin + kGpuChunk < p.d ? begin + kGpuChunk : p.d;
+  const BlockSpan span = block_span(p.chunks, p.d);
+  const int64_t row = span.row, begin = span.begin, end = span.end;
   const C a = static_cast<C>(p.a[row]), b = static_cast<C>(p.b[row]);
   const GradCoef coef = grad_coefficients(p.g_lp[row], p.g_guard[row], p.g_kl[row], p.g_ratio[row],
                                           p.std[row], static_cast<double>(p.d), p.reduce_sum);

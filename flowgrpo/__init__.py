@@ -6,11 +6,14 @@ CPU runs on are ``worlds``. The packages of flowgrpo, by role (docs/design.md):
 
     flowgrpo.engine      the training loop, the policy and its copies of the weights, credit, learners, loss
     flowgrpo.likelihood  the per-transition likelihood terms: PyTorch reference and the fused C++/CUDA op
-    flowgrpo.models      model adapters (SD3, FLUX, Wan, the analytic world) and their configs
-    flowgrpo.run         run bookkeeping: run folder, checkpoints, interrupts, threads, errors, paths
+    flowgrpo.models      model adapters (SD3, FLUX, FLUX.2, Qwen-Image, Z-Image, Wan, the analytic world), their
+                         family records (families.py) and model configs
+    flowgrpo.memory      the memory planner (``flowgrpo plan``) and the trainer's check before the first rollout
+    flowgrpo.config      the configuration: schema (each key with its rule), layers, checks
+    flowgrpo.run         run bookkeeping: run folder, checkpoints, interrupts, threads, errors, paths, call timing
     flowgrpo.tiny        the tiny world's models: builders, pretraining, the shipped assets
     flowgrpo.cli         the command lines: the training scripts' parser and the ``flowgrpo`` command
-    flowgrpo.config, flowgrpo.data, flowgrpo.evaluate   the config schema, prompt sets, sampling and scoring
+    flowgrpo.data, flowgrpo.evaluate   prompt sets, sampling and scoring
 """
 
 import flowgrpo_torchvision_compat as _tv_compat

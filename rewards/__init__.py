@@ -7,6 +7,8 @@ rewards, scored asynchronously with retries: ``rewards.runner.RewardRunner``. Se
 
 from __future__ import annotations
 
+import difflib
+
 from rewards.base import Reward, RewardOutput
 from rewards.common import import_object
 
@@ -33,21 +35,36 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def load_reward(name: str, **kwargs) -> Reward:
-    """Instantiate a reward by registered name or by dotted path ``package.module:Class``."""
-    target = REGISTRY.get(name, name)
+class RewardLookupError(ValueError):
+    """A reward name or path that names no reward class; the message names the fix."""
+
+
+def reward_class(name: str, where: str = "") -> type:
+    """The one resolver of a reward: the Reward subclass that ``name`` refers to (a registered name, or
+    ``package.module:Class`` / ``package.module.Class``), imported, not built. ``where`` (a config key or option) is
+    named in the error."""
+    at = f" in {where}" if where else ""
+    target = REGISTRY.get(name, name) if isinstance(name, str) else ""
     if ":" not in target and "." not in target:
-        raise ValueError(
-            f"unknown reward {name!r}; use one of {sorted(REGISTRY)} or a dotted path such as "
-            "'my_package.my_module:MyReward'"
-        )
+        close = difflib.get_close_matches(str(name), list(REGISTRY), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise RewardLookupError(f"unknown reward {name!r}{at}; {hint}use a registered reward "
+                                f"({', '.join(sorted(REGISTRY))}) or a dotted path such as 'my_package.my_module:MyReward'")
     try:
         cls = import_object(target)
     except ValueError as exc:
-        raise ValueError(f"cannot load reward {name!r} from {target!r}: {exc.__cause__ or exc}") from exc
+        cause = exc.__cause__ or exc
+        raise RewardLookupError(f"cannot import reward {name!r}{f' ({where})' if where else ''}: {cause}; check the "
+                                "module path and that its package is installed (docs/rewards.md)") from None
     if not (isinstance(cls, type) and issubclass(cls, Reward)):
-        raise TypeError(f"{target} is not a rewards.base.Reward subclass")
-    return cls(**kwargs)
+        raise RewardLookupError(f"{name!r}{f' ({where})' if where else ''} is not a reward: name a rewards.base.Reward "
+                                "subclass (docs/rewards.md)")
+    return cls
 
 
-__all__ = ["REGISTRY", "Reward", "RewardOutput", "load_reward"]
+def load_reward(name: str, **kwargs) -> Reward:
+    """Instantiate a reward by registered name or by dotted path ``package.module:Class`` (``reward_class``)."""
+    return reward_class(name)(**kwargs)
+
+
+__all__ = ["REGISTRY", "Reward", "RewardLookupError", "RewardOutput", "load_reward", "reward_class"]

@@ -1,8 +1,10 @@
 """samplers: transition kernels, ODE solvers, rollout plans and their schedules, the tree executor and
 the trajectory record — every GRPO method for flow models as a plan run by one engine (torch only).
 
-    from samplers import method_schedule, rollout, time_grid, sample_ode
-    plan = method_schedule("mixgrpo").plan(iteration)
+    from samplers import build_schedule, rollout, time_grid, sample_ode
+    schedule = build_schedule(dict(num_steps=8, kernel="flow_sde", eta=0.7, group_size=4),   # a plan (a preset's
+                              dict(size=2, strategy="progressive", interval=10, stride=1))  # sampling.plan) and its window
+    plan = schedule.plan(iteration)
     record = rollout(velocity, plan, prompt_ids=ids, latent_shape=(16, 8, 8), seed=0, iteration=iteration)
 
 ``velocity(x [N, *latent], sigma [N] float32, cond_index [N] long) -> v [N, *latent]`` is the one
@@ -29,8 +31,8 @@ from samplers.kernels import (
     sage_sde,
     transition,
 )
-from samplers.plans import METHOD_PRESETS, Plan, StepSpec, compose_plan
-from samplers.schedules import WINDOW_STRATEGIES, PlanSchedule, WindowSchedule, method_schedule
+from samplers.plans import Plan, StepSpec, compose_plan
+from samplers.schedules import WINDOW_STRATEGIES, PlanSchedule, WindowSchedule, build_schedule
 from samplers.solvers import (
     SOLVER_NAMES,
     data_prediction,
@@ -47,7 +49,6 @@ __all__ = [
     "Endpoints",
     "KERNELS",
     "KERNEL_NAMES",
-    "METHOD_PRESETS",
     "NFECounter",
     "Plan",
     "PlanSchedule",
@@ -74,7 +75,7 @@ __all__ = [
     "kernel_coefficients",
     "log_prob",
     "make_generator",
-    "method_schedule",
+    "build_schedule",
     "ode",
     "ode_step",
     "rollout",

@@ -11,10 +11,10 @@ and how their initial noise is shared. Every node of the rollout tree is on the 
 Chains, windows, splits and side branches are all edges of that one tree, so one executor runs them.
 
 ``compose_plan`` builds every published method from a handful of orthogonal options (kernel, SDE
-window, Flash post-window compression, split points, side branches, training subset); the presets in
-``METHOD_PRESETS`` are just argument sets for it, and they compose: a BranchGRPO tree with a MixGRPO
-window and the sage_sde kernel is ``compose_plan(20, kernel="sage_sde", splits=(0, 3, 6, 9),
-window=(l, 4))``. Plans that move with training come from ``samplers.schedules``.
+window, Flash post-window compression, split points, side branches, training subset); a method's plan is
+just an argument set for it (each preset's ``sampling.plan`` in configs/presets/), and they compose: a
+BranchGRPO tree with a MixGRPO window and the sage_sde kernel is ``compose_plan(20, kernel="sage_sde",
+splits=(0, 3, 6, 9), window=(l, 4))``. Plans that move with training come from ``samplers.schedules``.
 """
 
 from __future__ import annotations
@@ -391,7 +391,7 @@ def compose_plan(
 
 
 # Every argument of compose_plan (but ``window``, which the schedule sets, and ``name``) and what it takes: a config's
-# sampling.plan is checked against these before anything loads (flowgrpo/config.py); whether the arguments fit
+# sampling.plan is checked against these before anything loads (flowgrpo/config/check.py); whether the arguments fit
 # together (a window inside the grid, split steps inside the steps, a trained step with a density) is checked by
 # building the plan. tests/samplers/test_plans.py checks the keys against the signature.
 MAX_STEPS = 1000  # the flow schedulers' num_train_timesteps: a finer grid has no network time to tell
@@ -429,74 +429,10 @@ PLAN_RULES: dict[str, Rule] = {
 }
 
 
-# Paper defaults per method (docs/math.md §2): compose_plan arguments, plus the window schedule that moves
-# the SDE window (None: the plan is the same every iteration). Presets are data: a config overrides
-# any key, and the combinations compose (e.g. branchgrpo_mix with kernel="sage_sde").
-METHOD_PRESETS: dict[str, dict] = {
-    "flow_grpo": dict(
-        plan=dict(num_steps=10, kernel="flow_sde", eta=0.7, group_size=24, train_fraction=0.99),
-        window=None,
-    ),
-    "dancegrpo": dict(
-        plan=dict(num_steps=16, kernel="dance_sde", eta=0.3, group_size=12, train_subset_fraction=0.6),
-        window=None,
-    ),
-    "sage": dict(
-        plan=dict(num_steps=10, kernel="sage_sde", eta=0.5, group_size=24, train_fraction=0.99),
-        window=None,
-    ),
-    "flow_grpo_fast": dict(
-        plan=dict(num_steps=10, kernel="flow_sde", eta=0.7, group_size=24),
-        # start drawn uniformly in [0, ⌊T/2⌋ − w] every rollout batch
-        window=dict(size=2, strategy="random", low=0, high_fraction=0.5),
-    ),
-    "mixgrpo": dict(
-        plan=dict(num_steps=25, kernel="flow_sde", eta=0.7, group_size=12),
-        window=dict(size=4, strategy="progressive", interval=25, stride=1),
-    ),
-    "mixgrpo_flash": dict(
-        plan=dict(num_steps=25, kernel="flow_sde", eta=0.7, group_size=12, post_window_ratio=0.4),
-        window=dict(size=4, strategy="progressive", interval=25, stride=1),
-    ),
-    "mixgrpo_flash_star": dict(
-        plan=dict(num_steps=25, kernel="flow_sde", eta=0.7, group_size=12, post_window_ratio=0.2),
-        window=dict(size=4, strategy="frozen"),
-    ),
-    "branchgrpo": dict(
-        plan=dict(num_steps=20, kernel="dance_sde", eta=0.3, splits=(0, 3, 6, 9), branch_factor=2),
-        window=None,
-    ),
-    "branchgrpo_mix": dict(
-        plan=dict(num_steps=20, kernel="dance_sde", eta=0.3, splits=(0, 3, 6, 9), branch_factor=2),
-        window=dict(size=4, strategy="progressive", interval=25, stride=1),
-    ),
-    # deterministic rollouts for the forward-process learners (DiffusionNFT, AWM, DGPO): every step an
-    # ODE step of DPM-Solver++(2M), nothing stored but the leaves; independent x_T per sample (shared
-    # noise would make a group's ODE samples identical)
-    "ode": dict(
-        plan=dict(num_steps=10, kernel="ode", solver="dpmpp_2m", group_size=24, initial_noise="independent"),
-        window=None,
-    ),
-    "tempflow": dict(
-        plan=dict(
-            num_steps=10,
-            kernel="ode",
-            side_steps=tuple(range(9)),
-            side_children=6,
-            side_kernel="flow_sde",
-            side_eta=0.7,
-            side_weight="noise_aware",
-        ),
-        window=None,
-    ),
-}
-
-
 __all__ = [
     "GRID_ENDS",
     "INITIAL_NOISE_MODES",
     "LEAVES",
-    "METHOD_PRESETS",
     "MAX_STEPS",
     "NFE_CATEGORIES",
     "PLAN_RULES",

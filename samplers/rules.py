@@ -2,7 +2,7 @@
 
 The plan builder (``plans.PLAN_RULES``) and the window schedule (``schedules.WINDOW_RULES``) declare one rule per
 argument beside their code; flowgrpo's config schema declares its keys' rules with the same constructors
-(flowgrpo/config.py), so every key a user can type is checked, and refused, the same way."""
+(flowgrpo/config/schema.py), so every key a user can type is checked, and refused, the same way."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@
 Iteration n = 0 is the first; ``start_at`` only moves forward, and ``state_dict`` /
 ``load_state_dict`` checkpoint the position so a resumed run continues identically.
 
-``PlanSchedule`` pairs ``compose_plan`` arguments with an optional window schedule;
-``method_schedule(name)`` builds one from ``METHOD_PRESETS`` with overrides.
+``PlanSchedule`` pairs ``compose_plan`` arguments with an optional window schedule; ``build_schedule(plan,
+window)`` builds one from the two argument sets (a preset's ``sampling.plan`` and ``sampling.window``).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from __future__ import annotations
 import math
 
 from samplers.grids import STREAM_WINDOW, derive_seed
-from samplers.plans import MAX_STEPS, METHOD_PRESETS, Plan, compose_plan
+from samplers.plans import MAX_STEPS, Plan, compose_plan
 from samplers.rules import FLAG, Rule, at_least, between, integer, one_of, optional
 
 WINDOW_STRATEGIES = ("progressive", "random", "linear_decay", "exp_decay", "frozen")
 
 # Every argument of WindowSchedule (but ``num_steps`` and ``seed``, the plan's and the run's) and what it takes; whether
-# they fit the plan's steps is checked by building the schedule (flowgrpo/config.py does both before anything loads).
+# they fit the plan's steps is checked by building the schedule (flowgrpo/config/check.py does both before anything loads).
 WINDOW_RULES: dict[str, Rule] = {
     "size": integer(1, MAX_STEPS),
     "strategy": one_of(*WINDOW_STRATEGIES),
@@ -203,25 +203,17 @@ class PlanSchedule:
             self.window.load_state_dict(state["window"])
 
 
-def method_schedule(
-    name: str, *, plan: dict | None = None, window: dict | None = None, seed: int = 0
-) -> PlanSchedule:
-    """Schedule of a published method (``METHOD_PRESETS``) with ``plan``/``window`` overrides."""
-    if name not in METHOD_PRESETS:
-        raise ValueError(f"unknown method {name!r}; use one of {sorted(METHOD_PRESETS)}")
-    preset = METHOD_PRESETS[name]
-    plan_kwargs = {**preset["plan"], **(plan or {}), "name": name}
-    window_kwargs = preset["window"]
-    if window and window_kwargs is None:
-        raise ValueError(f"method {name!r} has no moving window; use a windowed method or compose_plan")
+def build_schedule(plan: dict, window: dict | None = None, *, seed: int = 0, name: str = "custom") -> PlanSchedule:
+    """The schedule of ``compose_plan`` arguments ``plan`` and, when ``window`` is given (``WindowSchedule``'s
+    arguments but the plan's steps and the seed), an SDE window that moves with training."""
+    plan_kwargs = {**plan, "name": name}
     schedule = None
-    if window_kwargs is not None:
-        window_kwargs = {**window_kwargs, **(window or {})}
+    if window:
         try:
-            schedule = WindowSchedule(plan_kwargs["num_steps"], seed=seed, **window_kwargs)
+            schedule = WindowSchedule(plan_kwargs["num_steps"], seed=seed, **window)
         except TypeError as exc:
-            raise ValueError(f"bad window arguments for {name!r}: {exc}") from exc
+            raise ValueError(f"bad window arguments {window}: {exc}") from exc
     return PlanSchedule(plan_kwargs, schedule, name)
 
 
-__all__ = ["PlanSchedule", "WINDOW_RULES", "WINDOW_STRATEGIES", "WindowSchedule", "method_schedule"]
+__all__ = ["PlanSchedule", "WINDOW_RULES", "WINDOW_STRATEGIES", "WindowSchedule", "build_schedule"]

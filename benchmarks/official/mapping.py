@@ -77,7 +77,8 @@ _PLANS: dict = {}  # id(cfg) -> (cfg, its resolved plan and window): one resolut
 
 def effective(cfg, key: str):
     """The value a run uses for ``key``: ``sampling.plan.*`` and ``sampling.window.*`` as the method's plan and
-    window resolve them (flowgrpo.config.resolved_plan), every other key as the config holds it."""
+    window resolve them (flowgrpo.config.resolved_plan; a window's keys are None in a run without one), every other
+    key as the config holds it."""
     import dataclasses
 
     from flowgrpo.config import resolved_plan
@@ -88,9 +89,14 @@ def effective(cfg, key: str):
             _PLANS.clear()
             _PLANS[id(cfg)] = (cfg, resolved_plan(cfg))
         plan, window = _PLANS[id(cfg)][1]
+        if section == "sampling.window" and window is None:
+            from samplers.schedules import WINDOW_RULES
+
+            if name in WINDOW_RULES:
+                return None  # a run without a moving window: none of its arguments
         table = plan if section == "sampling.plan" else (window or {})
         if name not in table:
-            raise KeyError(f"{key}: the plan of sampling.method={cfg.sampling.method!r} takes no {name!r}")
+            raise KeyError(f"{key}: the {section.split('.')[1]} takes no {name!r}")
         return table[name]
     node = cfg
     for part in re.findall(r"[^.\[\]]+|\[\d+\]", key):  # rewards[0].weight or rewards.0.weight: an index
@@ -168,7 +174,7 @@ def _none_entry(none: dict, key: str):
 def check(preset: str, resolve=None) -> list[Row]:
     """Every official key of every launch of ``preset``, resolved: one Row each."""
     from flowgrpo.config import resolve as default_resolve
-    from flowgrpo.models.config import _VIDEO_FAMILIES
+    from flowgrpo.models.families import FAMILIES
 
     resolve = resolve or default_resolve
     data = read_data(preset)
@@ -176,7 +182,7 @@ def check(preset: str, resolve=None) -> list[Row]:
     rows: list[Row] = []
     for name, launch in data["launches"].items():
         family = yaml.safe_load((DATA.parents[2] / "configs" / "models" / f"{launch['model']}.yaml").read_text())["family"]
-        default = "default_t2v" if family in _VIDEO_FAMILIES else "default"
+        default = "default_t2v" if FAMILIES[family].modality == "video" else "default"
         cfg = resolve(preset, launch["model"], overrides_for(launch), default=default).config
         values = {k: entry["value"] for k, entry in launch["values"].items()}
         keys, none, differs = _sections(table, preset, name)

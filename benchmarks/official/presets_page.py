@@ -71,8 +71,8 @@ TINY_REASONS = {
     "sampling.plan.grid": "the linear grid the tiny models were pretrained and tuned on",
     "sampling.plan.grid_ends": "the linear grid the tiny models were tuned on",
     "sampling.plan.solver": "the deterministic rollouts the tiny runs were tuned with",
-    "sampling.plan.initial_noise": "the method plan's, as its learning tests ran",
-    "sampling.plan.num_steps": "the method plan's: the tiny model's cost",
+    "sampling.plan.initial_noise": "the preset's plan, as its learning tests ran",
+    "sampling.plan.num_steps": "the preset's plan: the tiny model's cost",
     "sampling.shift": "the tiny model's own",
     "sampling.guidance_scale": "the tiny model's own",
     "advantage.std": "the preset's CPU setting, as its learning tests ran",
@@ -139,7 +139,7 @@ def _tiny(preset: str, default: str):
 
 def section(preset: str) -> tuple[str, list[str]]:
     """The preset's section, and its lines for the page's list of differences."""
-    from flowgrpo.models.config import _VIDEO_FAMILIES
+    from flowgrpo.models.families import FAMILIES
 
     data = read_data(preset)
     code = code_of(preset)
@@ -164,7 +164,7 @@ def section(preset: str) -> tuple[str, list[str]]:
               f"{counts.get('differs', 0)} deliberate differences (listed at the top of this page).", ""]
 
     families = {launch["model"]: None for launch in launches.values()}
-    video = any(_family(m) in _VIDEO_FAMILIES for m in families)
+    video = any(FAMILIES[_family(m)].modality == "video" for m in families)
     tiny = _tiny(preset, "default_t2v" if video else "default")
     by_key: dict[str, dict] = {}
     for row in rows:

@@ -161,7 +161,8 @@ def tiny_sd3_recipe(preset: str, rewards: list[str], extra: tuple[str, ...] = ()
     """(resolved config, tiny SD3 with a perturbed LoRA, the plan of iteration 0): ``preset``'s recipe as it resolves on
     sd3_5_medium for ``rewards``, the tiny weights swapped in (TINY_SD3; ``extra``: further overrides, e.g. a group
     size or a negative control's). The LoRA is seeded and moved off zero, so the policy is not the base model."""
-    from flowgrpo.config import plan_schedule, resolve
+    from flowgrpo.config import resolve
+    from flowgrpo.engine.rollout import plan_schedule
     from flowgrpo.models import load_model
 
     names = ", ".join(f"{{name: {r}}}" for r in rewards)

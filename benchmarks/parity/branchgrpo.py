@@ -124,7 +124,7 @@ def compare(checkout: Checkout, preset: str, folder: str, split_noise: str = "sc
             overrides: tuple[str, ...] = ()) -> MethodReport:
     import official.branchgrpo as code
 
-    from flowgrpo.config import plan_schedule
+    from flowgrpo.engine.rollout import plan_schedule
     from flowgrpo.models.base import load_model
 
     name, _, model_name, rewards = code.RUNS[preset]
@@ -262,7 +262,7 @@ def compare(checkout: Checkout, preset: str, folder: str, split_noise: str = "sc
         f"default (correlated) {second_moment(default, lp_run):.2f} (1); siblings' noise correlation of flowgrpo's default "
         f"{sum(corr) / len(corr):.3f} (1/(1 + c²) = {1 / (1 + c * c):.3f}), the code's 0")
     if preset == "branchgrpo_mix":
-        from flowgrpo.config import plan_schedule
+        from flowgrpo.engine.rollout import plan_schedule
 
         schedule = plan_schedule(cfg, model)
         later = {it: [i for i, s in enumerate(schedule.plan(it).steps) if s.stochastic and s.branch == 1] for it in (0, 25, 50)}

@@ -260,7 +260,7 @@ def ours(cfg, model, cond, iteration: int = 0):
     ``states[T]`` the last step's x' as its kernel drew it, ``leaf`` the samples the rewards score), the step ε's it
     drew (per step, [nodes, children, *latent]) and the permutations of its training subsets."""
     import samplers
-    from flowgrpo.config import plan_schedule
+    from flowgrpo.engine.rollout import plan_schedule
 
     plan = plan_schedule(cfg, model).plan(iteration)
     base = model.velocity_fn(cond, cfg.sampling.guidance_scale)

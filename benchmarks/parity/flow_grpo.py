@@ -128,7 +128,8 @@ def official_config_of(checkout: Checkout, config_file: str, function: str) -> t
 def load_flowgrpo(preset: str, family: str, reward: str, folder: str | None, extra: tuple[str, ...] = ()):
     """The preset as it resolves on the family's real model config (its recipe), the tiny weights swapped in:
     (config, model, plan schedule). ``extra``: overrides of flowgrpo's side (the tests' negative controls)."""
-    from flowgrpo.config import plan_schedule, resolve
+    from flowgrpo.config import resolve
+    from flowgrpo.engine.rollout import plan_schedule
     from flowgrpo.models import load_model
 
     tiny = list(TINY_SD3)
@@ -368,7 +369,8 @@ def guard_ratio(checkout: Checkout, step: int = 3, perturb: float = 0.05) -> dic
     compute_log_prob = namespace["compute_log_prob"]
 
     import samplers
-    from flowgrpo.config import plan_schedule, resolve
+    from flowgrpo.config import resolve
+    from flowgrpo.engine.rollout import plan_schedule
     from flowgrpo.models import load_model
 
     cfg = resolve("grpo_guard", "sd3_5_medium", ["rewards=[{name: ocr}]", *TINY_SD3]).config

@@ -256,7 +256,7 @@ def ours(cfg, model, cond, iteration: int):
     """flowgrpo's rollout of the preset's plan at ``iteration`` as its trainer runs it (the network told ⌊1000σ⌋ with
     sampling.integer_timesteps): (plan, record, states per level [T + 1, G, ...], ε's, the timesteps told)."""
     import samplers
-    from flowgrpo.config import plan_schedule
+    from flowgrpo.engine.rollout import plan_schedule
 
     plan = plan_schedule(cfg, model).plan(iteration)
     base = model.velocity_fn(cond, cfg.sampling.guidance_scale)

@@ -127,13 +127,13 @@ def _evaluate_and_print(args, prompts, metadata, model_config, weights) -> int:
 
     from flowgrpo.evaluate import best_of_k, evaluate
     from flowgrpo.models import load_model
+    from flowgrpo.run.errors import build_reward
     from flowgrpo.run.threads import startup_line
-    from rewards import load_reward
 
     model = load_model(model_config)
     if weights is not None:
         model.load_trainable(weights)
-    reward = load_reward(args.reward)
+    reward = build_reward(args.reward, {}, "--reward")
     print(startup_line(how="--threads N"), file=sys.stderr)
     all_scores = []
     for j in range(args.samples_per_prompt):  # sample j of every prompt uses seed + j
@@ -178,19 +178,19 @@ def _save_images(folder: Path, images, prompts: list[str]) -> None:
 
 
 def cmd_plan(args) -> int:
-    """Print the memory plan of --model (flowgrpo/models/memory.py; docs/memory.md)."""
+    """Print the memory plan of --model (flowgrpo/memory/; docs/memory.md)."""
     from omegaconf import OmegaConf
 
     from flowgrpo.models.config import validate_model_config
-    from flowgrpo.models.memory import DEFAULT_COPIES, PLANNED_FAMILIES, format_plan, plan, read_architecture
+    from flowgrpo.memory import DEFAULT_COPIES, format_plan, plan, planned_families, read_architecture
     from flowgrpo.run.errors import UserError
     from flowgrpo.run.paths import configs_dir
 
     path = _model_yaml(args.model)
     model_config = validate_model_config(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
-    if model_config.family not in PLANNED_FAMILIES:
+    if model_config.family not in planned_families():
         raise UserError(f"--model {args.model!r} is of the {model_config.family!r} family; flowgrpo plan has the "
-                        f"activation inventory of the {', '.join(PLANNED_FAMILIES)} families only; measure this one on a "
+                        f"activation inventory of the {', '.join(planned_families())} families only; measure this one on a "
                         f"GPU: python benchmarks/bench_memory.py --model {args.model} (docs/memory.md)")
     for option, value in (("--processes", args.processes), ("--group", args.group), ("--micro-batch", args.micro_batch),
                           ("--steps", args.steps)):
@@ -259,7 +259,7 @@ _EPILOG = """training (not a flowgrpo command):
   accelerate launch train_t2i.py [--preset NAME] [--model NAME] [key=value ...]   text-to-image
   accelerate launch train_t2v.py [--preset NAME] [--model NAME] [key=value ...]   text-to-video
   (train_t2i.py --help lists the presets and model configs)
-config keys: flowgrpo/config.py; bad input and its messages: docs/errors.md"""
+config keys: flowgrpo/config/schema.py; bad input and its messages: docs/errors.md"""
 
 
 def _yaml_value(value) -> str:
@@ -296,7 +296,7 @@ def render_config(resolved) -> str:
     width = min(64, max(len(text) for text, _ in lines) + 2)
     head = ["# the layers, first to last (a later one wins), and the plan's builders:", "#   schema default"]
     head += [f"#   {name}" + (f" [{_short_path(where)}]" if where else "") for name, where in resolved.layers]
-    head += ["#   method plan, plan builder default (sampling.plan / sampling.window: the method's whole plan)"]
+    head += ["#   plan builder default (sampling.plan / sampling.window: their builders' arguments no layer sets)"]
     body = [text if not origin else f"{text:<{width}}# {origin}" if len(text) < width else f"{text}  # {origin}"
             for text, origin in lines]
     return "\n".join(head + body) + "\n"
@@ -310,7 +310,7 @@ def _short_path(where: str) -> str:
 
 def cmd_config(args) -> int:
     from flowgrpo.config import is_real_model, resolve
-    from flowgrpo.models.config import _VIDEO_FAMILIES
+    from flowgrpo.models.families import FAMILIES
     from flowgrpo.run.errors import ConfigError
 
     default = "default_t2v" if args.t2v else "default"
@@ -320,7 +320,7 @@ def cmd_config(args) -> int:
         from flowgrpo.config import _resolve_yaml
 
         family = OmegaConf.load(_resolve_yaml(args.model, "models")).get("family")
-        default = "default_t2v" if family in _VIDEO_FAMILIES else default
+        default = "default_t2v" if family in FAMILIES and FAMILIES[family].modality == "video" else default
     for item in args.overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. train.iterations=10)")

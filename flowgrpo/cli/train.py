@@ -39,7 +39,7 @@ def _epilog(prog: str, default: str) -> str:
         wrap(f"models (--model NAME, configs/models/): {', '.join(_names('models'))}"),
         wrap(f"full configs (--config FILE, configs/): {', '.join(f'configs/{n}.yaml' for n in full)}"),
         wrap(f"defaults: configs/{default}.yaml; every key (for key=value and the YAML files) is commented in "
-             f"flowgrpo/config.py ({here / 'config.py'}); methods: docs/learner.md; bad input and its messages: "
+             f"flowgrpo/config/schema.py ({here / 'config' / 'schema.py'}); methods: docs/learner.md; bad input and its messages: "
              "docs/errors.md"),
         "",
         "examples:",
@@ -118,7 +118,7 @@ def main(argv: list[str] | None, *, prog: str, description: str, default: str) -
                         help="torch CPU threads per process (the config key threads=N); default: automatic, "
                              "printed at start-up (flowgrpo/run/threads.py)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of any config key (flowgrpo/config.py)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of any config key (flowgrpo/config/schema.py)")
     args = parser.parse_args(argv)
     restore_handlers = lambda: None  # noqa: E731
     if argv is None:  # the script itself: under a launcher, stop when it dies (no orphan) and name it in the resume line

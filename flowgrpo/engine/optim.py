@@ -107,4 +107,13 @@ def build_optimizer(name: str, params, *, learning_rate: float, weight_decay: fl
     return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, betas=tuple(betas))
 
 
-__all__ = ["Muon", "build_optimizer", "orthogonalize"]
+def learning_rate_at(t, iteration: int) -> float:
+    """train.learning_rate scaled by train.lr_schedule at ``iteration`` of train.iterations (0-based; the
+    last iteration's rate is lr_final·learning_rate)."""
+    if t.lr_schedule == "constant":
+        return t.learning_rate
+    progress = min(1.0, iteration / max(1, t.iterations - 1))
+    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if t.lr_schedule == "cosine" else 1.0 - progress
+    return t.learning_rate * (t.lr_final + (1.0 - t.lr_final) * shape)
+
+__all__ = ["Muon", "build_optimizer", "learning_rate_at", "orthogonalize"]

@@ -131,4 +131,27 @@ def _after_steps(steps: list[int], plan, lr: str) -> str:
             f"{advice}if it began after some iterations, {lr}")
 
 
-__all__ = ["Batch", "PromptDraws", "nonfinite_cause", "sample"]
+def plan_schedule(cfg, model):
+    """The run's plan schedule (samplers.build_schedule): the plan of every iteration, built with the time shift
+    of sampling.plan.shift, else sampling.shift, else the model's for the plan's number of steps
+    (``model.shift_for``), and the model scheduler's terminal stretch (``model.shift_terminal``; Qwen-Image)."""
+    arguments = dict(cfg.sampling.plan)
+    shift = arguments.get("shift", cfg.sampling.shift or model.shift_for(int(arguments["num_steps"])))
+    plan = {**cfg.sampling.plan, "shift": shift, "shift_terminal": getattr(model, "shift_terminal", None)}
+    return samplers.build_schedule(plan, dict(cfg.sampling.window) or None, seed=cfg.train.seed)
+
+
+def describe_batches(cfg, world_size: int, leaves_per_prompt: int, learner_lines: str) -> str:
+    """The derived batch arithmetic, printed at start-up; ``learner_lines``: what the learner trains per
+    iteration and in how many steps (the learner's ``describe``)."""
+    t = cfg.train
+    per_rank = t.prompts_per_iteration // world_size
+    lines = [
+        f"processes: {world_size}; prompts per iteration: {t.prompts_per_iteration} ({per_rank} per process, "
+        f"{cfg.sampling.batches_per_iteration} rollout batches)",
+        f"samples (leaves) per prompt: {leaves_per_prompt}; per iteration: {t.prompts_per_iteration * leaves_per_prompt}",
+        learner_lines,
+    ]
+    return "\n".join(lines)
+
+__all__ = ["Batch", "PromptDraws", "describe_batches", "nonfinite_cause", "plan_schedule", "sample"]

@@ -17,8 +17,7 @@ import torch
 
 from flowgrpo.run.checkpoint import checkpoint_dirs
 from flowgrpo.run.errors import ConfigError, UserError, build_reward
-from rewards import REGISTRY
-from rewards.common import import_object
+from rewards import RewardLookupError, reward_class
 from rewards.runner import RewardRunner
 
 _EXAMPLE_REWARD = {"image": "toy", "video": "toy_video", "vector": "analytic_hit"}
@@ -45,9 +44,9 @@ def check_reward_modalities(rewards, names: list[str], eval_reward: str, modalit
             raise ConfigError(f"reward {name!r} scores {theirs if theirs != 'both' else 'picture'}s but the model "
                               f"makes {modality}s; {fix}")
     try:
-        eval_modality = getattr(import_object(REGISTRY.get(eval_reward, eval_reward)), "modality", "both")
-    except (ValueError, ImportError):
-        return  # a bad name fails with load_reward's own message when evaluation runs
+        eval_modality = getattr(reward_class(eval_reward), "modality", "both")
+    except RewardLookupError:
+        return  # a bad name fails with the resolver's message when the held-out reward is built
     if not _takes(eval_modality, modality):
         raise ConfigError(f"eval.reward={eval_reward!r} scores {eval_modality}s but the model makes {modality}s; "
                           f"set eval.reward to a {modality} reward such as {_EXAMPLE_REWARD[modality]} (and "

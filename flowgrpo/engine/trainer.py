@@ -1,7 +1,7 @@
 """The training loop for flow-matching models: ``accelerate launch train_t2i.py`` (``train_t2v.py``).
 
 Each iteration is a recipe of five phases, each a call into the module that owns it:
-  SAMPLE     the iteration's plan (samplers.method_schedule) is run by the tree executor for this
+  SAMPLE     the iteration's plan (samplers.build_schedule) is run by the tree executor for this
              process's prompts (whole groups per process), with the weights the learner samples with;
              leaves are decoded and sent to the rewards at once (rollout.py)
   SCORE      rewards run in a worker thread while the next chunk decodes and the next batch samples;
@@ -24,18 +24,18 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from flowgrpo.config import (
-    Config, describe_batches, learning_rate_at, plan_schedule, processes_check, schema_defaults, to_yaml,
-)
+from flowgrpo.config import Config, processes_check, schema_defaults, to_yaml
 from flowgrpo.data import read_prompts, strata
 from flowgrpo.engine import checkpointing, credit, rollout
 from flowgrpo.engine.copies import warmed_decay
 from flowgrpo.engine.evaluation import HeldOut
 from flowgrpo.engine.learners import Rollouts, build_learner
 from flowgrpo.engine.noise_scale import NoiseReport
+from flowgrpo.engine.optim import learning_rate_at
+from flowgrpo.engine.rollout import describe_batches, plan_schedule
 from flowgrpo.engine.policy import Policy
 from flowgrpo.engine.scoring import Scoring
-from flowgrpo.models.memory import check_before_rollout
+from flowgrpo.memory import check_before_rollout
 from flowgrpo.run.checkpoint import checkpoint_dirs
 from flowgrpo.run.launch import check_launch, launched_without_accelerator
 from flowgrpo.run.interrupts import Interrupted, StopSignals, denoisers
@@ -48,7 +48,7 @@ class Trainer:
         from accelerate import Accelerator
 
         from flowgrpo.models import load_model
-        from flowgrpo.models.config import family_modality
+        from flowgrpo.models.families import FAMILIES
 
         self.cfg, t = cfg, cfg.train
         self.acc = accelerator or Accelerator(cpu=t.cpu or launched_without_accelerator(),
@@ -58,7 +58,7 @@ class Trainer:
         processes_check(cfg, self.world)
         # one experiment per run folder: a rerun with another config is refused before anything loads
         check_run_config(cfg.run_dir, to_yaml(cfg), cfg.allow_config_change, schema_defaults())
-        self.modality = family_modality(cfg.model.family)
+        self.modality = FAMILIES[cfg.model.family].modality
         self.scoring = Scoring(cfg, self.modality)  # every reward loads (and fails) before the model
         if self.modality == "video" and (cfg.log.samples_every or cfg.log.eval_samples):  # rollouts' and held-out clips
             require_video_writer()
@@ -214,7 +214,7 @@ class Trainer:
         resumed = self.resume()
         first = self.schedule.plan(self.iteration)
         counts = first.counts()
-        # before the first rollout: a run that cannot fit the device is refused with the numbers (flowgrpo/models/memory.py)
+        # before the first rollout: a run that cannot fit the device is refused with the numbers (flowgrpo/memory/check.py)
         check_before_rollout(cfg, self.model, self.world, self.policy.sharding is not None, counts["leaves"],
                              first.num_steps, self.writer.warn)
         self.writer.info(describe_batches(cfg, self.world, counts["leaves"],

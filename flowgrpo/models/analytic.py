@@ -34,7 +34,8 @@ import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 
-from flowgrpo.models.base import Conditioning, FlowModel
+from flowgrpo.models.base import FlowModel
+from flowgrpo.models.conditioning import Conditioning
 from worlds import analytic as world
 
 HIDDEN = 64  # width of the residual network's hidden layers
@@ -96,7 +97,6 @@ def mixture_velocity(x: torch.Tensor, sigma: torch.Tensor, weights: torch.Tensor
 class AnalyticModel(FlowModel):
     """The Gaussian-mixture world as a flow model (see the module docstring)."""
 
-    modality = "vector"
 
     def _load_components(self) -> None:
         cfg = self.config

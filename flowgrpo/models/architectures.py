@@ -3,7 +3,7 @@
 A hub model's components are described by their published configuration numbers in
 ``configs/models/architectures/<model config name>/<component>.json`` (transformer, text_encoder*, vae, and the
 scheduler); a local pipeline folder by its own ``<component>/config.json``. The memory plan
-(flowgrpo/models/memory.py) counts them and ``model.random_weights`` (flowgrpo/models/random_init.py) builds them.
+(flowgrpo/memory/) counts them and ``model.random_weights`` (flowgrpo/models/random_init.py) builds them.
 """
 
 from __future__ import annotations
@@ -11,13 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-FAMILY_COMPONENTS = {"sd3": ("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae"),
-                     "flux": ("transformer", "text_encoder", "text_encoder_2", "vae"),
-                     "wan": ("transformer", "text_encoder", "vae"),  # Wan2.2 A14B adds transformer_2
-                     "qwen_image": ("transformer", "text_encoder", "vae"),
-                     "flux2": ("transformer", "text_encoder", "vae"),
-                     "flux2_klein": ("transformer", "text_encoder", "vae"),
-                     "z_image": ("transformer", "text_encoder", "vae")}
+from flowgrpo.models.families import FAMILIES
 
 
 def _config_files(folder: Path) -> dict[str, Path]:
@@ -68,7 +62,7 @@ def _hub_cache_dir(repo: str, family: str) -> Optional[Path]:
     except ImportError:  # pragma: no cover
         return None
     found = {}
-    for component in FAMILY_COMPONENTS.get(family, ()):
+    for component in FAMILIES[family].components if family in FAMILIES else ():
         try:
             path = try_to_load_from_cache(repo, f"{component}/config.json")
         except Exception:  # not a hub id the cache can hold (huggingface_hub validates it)
@@ -79,4 +73,4 @@ def _hub_cache_dir(repo: str, family: str) -> Optional[Path]:
     return Path(next(iter(found.values()))).parents[1] if found else None
 
 
-__all__ = ["FAMILY_COMPONENTS", "architecture_dir"]
+__all__ = ["architecture_dir"]

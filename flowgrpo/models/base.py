@@ -10,9 +10,12 @@ plain functions of tensors:
   the same code path serves rollout and training;
 - ``decode`` / ``encode_images`` between latents and images in [0, 1];
 - ``trainable_parameters`` (LoRA through peft, or the whole transformer), ``reference()`` (the
-  reference policy: LoRA disabled, or a frozen copy), ``save_trainable`` / ``load_trainable``;
-- ``call_timer`` (:class:`CallTimer`): the time spent inside the network's calls (forwards and the
-  backward through them), which the trainer logs per phase and ``benchmarks/bench_overhead.py`` reads.
+  reference policy: LoRA disabled, or a frozen copy), ``save_trainable`` / ``load_trainable``: the
+  trained weights' mixin, :class:`~flowgrpo.models.trainable.TrainableWeights` (trainable.py);
+- ``call_timer`` (:class:`~flowgrpo.run.timing.CallTimer`): the time spent inside the network's calls (forwards and
+  the backward through them), which the trainer logs per phase and ``benchmarks/bench_overhead.py`` reads.
+
+The conditioning rows are conditioning.py's; the device, attention backend and load errors loading.py's.
 
 Family files (``sd3.py``, ``flux.py``, ``flux2.py``, ``qwen_image.py``, ``z_image.py``, ``wan.py``) only say how
 one transformer call is made and how prompts are encoded, using the pipeline's own methods; video families
@@ -23,315 +26,39 @@ experts (Wan2.2 A14B: ``transformer`` for high noise, ``transformer_2`` for low)
 
 from __future__ import annotations
 
-import copy
-import glob
 import importlib
 import math
-import os
-from pathlib import Path
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
 from typing import ClassVar, Optional
 
 import torch
 
 from flowgrpo.run.paths import resolve_pretrained
+from flowgrpo.run.timing import CallTimer
 
+from flowgrpo.models.conditioning import Conditioning
 from flowgrpo.models.config import (  # noqa: F401  (re-exported)
     EXPERT_COMPONENTS,
     ModelConfig,
-    _family_class,
     validate_model_config,
     ADAPTER_NAME,
-    DEFAULT_LORA_TARGETS,
     DTYPES,
 )
-
-@dataclass
-class Conditioning:
-    """Text conditioning for P prompts, computed once per prompt (rows are gathered per latent).
-
-    ``negative_*`` is the unconditional embedding (the empty prompt, as the pipelines use) for
-    classifier-free guidance: one row shared by every prompt, or None when the model runs no CFG.
-    """
-
-    prompt_embeds: torch.Tensor  # [P, L, D] text-token embeddings (SD3: CLIP-L|CLIP-G padded ++ T5 tokens; FLUX: T5)
-    pooled_prompt_embeds: Optional[torch.Tensor] = None  # [P, Dp] pooled (SD3: CLIP-L ++ CLIP-G; FLUX: CLIP-L)
-    negative_prompt_embeds: Optional[torch.Tensor] = None  # [1, L, D] unconditional ("" prompt) embeddings, or None
-    negative_pooled_prompt_embeds: Optional[torch.Tensor] = None  # [1, Dp] unconditional pooled embedding, or None
-    text_ids: Optional[torch.Tensor] = None  # [L, 3] FLUX text position ids (shared by all rows); None for SD3
-    # [P, L] which text tokens are real (1) or padding (0), for families whose transformer masks the text
-    # (Qwen-Image, Z-Image); None where the embeddings are used whole (SD3, FLUX, Wan)
-    prompt_mask: Optional[torch.Tensor] = None
-    negative_prompt_mask: Optional[torch.Tensor] = None  # [1, L] the unconditional row's mask, or None
-
-    def __len__(self) -> int:
-        return self.prompt_embeds.shape[0]
-
-    def select(self, index: torch.Tensor) -> Conditioning:
-        """Rows ``index`` ([N] long) for a batch of N latents; shared fields are kept as they are."""
-        index = torch.as_tensor(index, dtype=torch.long, device=self.prompt_embeds.device)
-        pooled, mask = self.pooled_prompt_embeds, self.prompt_mask
-        return replace(
-            self,
-            prompt_embeds=self.prompt_embeds.index_select(0, index),
-            pooled_prompt_embeds=None if pooled is None else pooled.index_select(0, index),
-            prompt_mask=None if mask is None else mask.index_select(0, index),
-        )
-
-    def to(self, device: torch.device | str) -> Conditioning:
-        def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-            return None if t is None else t.to(device)
-
-        return Conditioning(*(move(getattr(self, f.name)) for f in fields(self)))
-
-    def unconditional(self) -> Conditioning:
-        """The unconditional rows for this batch: the negative embedding repeated ``len(self)`` times."""
-        if self.negative_prompt_embeds is None:
-            raise ValueError(
-                "this Conditioning has no unconditional embedding; encode prompts with a model whose "
-                "guidance uses classifier-free guidance (SD3, or FLUX without guidance embeddings)"
-            )
-        n = len(self)
-        neg_pooled, neg_mask = self.negative_pooled_prompt_embeds, self.negative_prompt_mask
-        return Conditioning(
-            prompt_embeds=self.negative_prompt_embeds.expand(n, -1, -1),
-            pooled_prompt_embeds=None if neg_pooled is None else neg_pooled.expand(n, -1),
-            text_ids=self.text_ids,
-            prompt_mask=None if neg_mask is None else neg_mask.expand(n, -1),
-        )
-
-    def concat(self, other: Conditioning) -> Conditioning:
-        """Rows of ``self`` then rows of ``other`` (the CFG batch ``[uncond; cond]``)."""
-        pooled, mask = None, None
-        if self.pooled_prompt_embeds is not None:
-            pooled = torch.cat([self.pooled_prompt_embeds, other.pooled_prompt_embeds])
-        if self.prompt_mask is not None:
-            mask = torch.cat([self.prompt_mask, other.prompt_mask])
-        return replace(
-            self,
-            prompt_embeds=torch.cat([self.prompt_embeds, other.prompt_embeds]),
-            pooled_prompt_embeds=pooled,
-            prompt_mask=mask,
-        )
+from flowgrpo.models.families import FAMILIES
+from flowgrpo.models.loading import _unloadable, resolve_device, set_attention_backend
+from flowgrpo.models.trainable import TrainableWeights
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-_BACKEND_INSTALL_HINTS = {
-    "xformers": "pip install flowgrpo[gpu]  (xformers; CUDA only)",
-    "flash": "pip install flash-attn",
-    "flash_varlen": "pip install flash-attn",
-    "sage": "pip install sageattention",
-    "sage_varlen": "pip install sageattention",
-}
-
-
-def set_attention_backend(transformer: torch.nn.Module, backend: str) -> None:
-    """Switch ``transformer`` to a diffusers attention backend with diffusers' own switch.
-
-    ``transformer.set_attention_backend`` checks that the backend's package is installed; we add the
-    install hint. Some processors (SD3's joint attention in diffusers 0.42) call PyTorch SDPA
-    directly instead of the dispatcher; for those only "native" and "xformers" (through
-    ``enable_xformers_memory_efficient_attention``) exist, and anything else is refused.
-    """
-    hint = _BACKEND_INSTALL_HINTS.get(backend, "pip install kernels" if backend.endswith("_hub") else None)
-
-    def unusable(err: Exception) -> RuntimeError:
-        install = f"install it ({hint}) or " if hint else ""
-        return RuntimeError(
-            f"attention_backend={backend!r} is not usable here: {err} Fix: {install}set "
-            f"attention_backend: native (PyTorch SDPA, always available)."
-        )
-
-    routed = any(hasattr(getattr(m, "processor", None), "_attention_backend") for m in transformer.modules())
-    if not routed and backend not in ("native", "xformers"):
-        raise ValueError(
-            f"{type(transformer).__name__}'s attention processors do not go through diffusers' attention "
-            f"dispatcher, so attention_backend={backend!r} cannot apply; use 'native' (PyTorch SDPA, which "
-            f"picks flash / memory-efficient kernels itself on GPU) or 'xformers'"
-        )
-    if backend == "native" and torch.cuda.is_available():
-        # PyTorch SDPA without its cuDNN kernel (flash and memory-efficient stay): on an NVIDIA H100 with torch 2.11,
-        # FLUX.1-dev's backward through cuDNN attention stopped with "illegal memory access"; without it, it ran
-        # (benchmarks/bench_memory.py, docs/results/scaling.md)
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    from diffusers.utils import logging as diffusers_logging
-
-    logger = diffusers_logging.get_logger("diffusers.models.modeling_utils")
-    level = logger.level
-    logger.setLevel(diffusers_logging.ERROR)  # silence "attention backends are experimental" on every load
-    try:
-        transformer.set_attention_backend(backend)  # checks the backend's package is installed
-        if not routed and backend == "xformers":
-            transformer.enable_xformers_memory_efficient_attention()
-    except (RuntimeError, ImportError, ValueError) as err:
-        raise unusable(err) from err
-    finally:
-        logger.setLevel(level)
-
-
-class CallTimer:
-    """Time spent inside the model's network: every transformer call ``FlowModel.velocity`` makes
-    (rollout, training, reference, evaluation; a CFG call ``[uncond; cond]`` is one call of two
-    passes) and the backward through those calls.
-
-    - forward: wall time around each network call, split by whether autograd records it
-      (``grad``: training forwards; ``no_grad``: rollout, old-policy, reference and evaluation ones).
-      On CUDA the times come from events recorded on the current stream (read, with one
-      synchronisation, by ``totals()``), so timing never stalls the GPU; elsewhere from the host
-      clock, which is the device's on CPU (other devices are synchronised around the call).
-    - backward: a gradient hook on each network output that requires grad marks the moment the
-      backward pass reaches the network; the time from the first such mark to the end of the
-      enclosing ``backward()`` block (the learner's ``loss.backward``) is the network's backward.
-      What the backward does before it reaches a network output (the loss and kernel math above
-      it) is not counted; what little it does between two network calls of one loss is.
-      A backward pass outside a ``backward()`` block is counted in ``unattributed_backwards``.
-
-    ``totals()`` returns running sums; subtract two of them to get a span's (``CallTimer.delta``).
-    """
-
-    def __init__(self, device: torch.device | str = "cpu"):
-        self.device = torch.device(device)
-        self._events = self.device.type == "cuda"
-        self.forward_calls = {"grad": 0, "no_grad": 0}
-        self.forward_rows = {"grad": 0, "no_grad": 0}  # network batch rows (a CFG call counts 2 per latent)
-        self.cfg_calls = 0  # calls that ran the two CFG passes as one batch
-        self.backward_calls = 0
-        self.unattributed_backwards = 0
-        self._seconds = {"forward_grad": 0.0, "forward_no_grad": 0.0, "backward": 0.0}
-        self._pending: list[tuple[str, object, object]] = []  # CUDA: (key, start event, end event)
-        self._in_backward = False
-        self._backward_mark = None  # time or event at which the open backward reached a network output
-
-    # -- clocks ------------------------------------------------------------------------------
-    def _now(self):
-        if self._events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        if self.device.type not in ("cpu", "meta"):
-            getattr(torch, self.device.type).synchronize()
-        return time.perf_counter()
-
-    def _add(self, key: str, start, end) -> None:
-        if self._events:
-            self._pending.append((key, start, end))
-        else:
-            self._seconds[key] += end - start
-
-    # -- the two measurements ----------------------------------------------------------------
-    @contextmanager
-    def forward(self, rows: int, cfg: bool) -> Iterator[Callable[[torch.Tensor], None]]:
-        """Around one network call of ``rows`` batch rows; yields ``watch(output)``, which arms the
-        backward mark on an output that requires grad."""
-        kind = "grad" if torch.is_grad_enabled() else "no_grad"
-        start = self._now()
-        try:
-            yield self._watch
-        finally:
-            self._add(f"forward_{kind}", start, self._now())
-            self.forward_calls[kind] += 1
-            self.forward_rows[kind] += rows
-            self.cfg_calls += int(cfg)
-
-    def _watch(self, output: torch.Tensor) -> None:
-        if output.requires_grad:
-            output.register_hook(self._reached)
-
-    def _reached(self, grad: torch.Tensor) -> None:
-        if not self._in_backward:
-            self.unattributed_backwards += 1
-        elif self._backward_mark is None:
-            self._backward_mark = self._now()
-
-    @contextmanager
-    def backward(self) -> Iterator[None]:
-        """Around a backward pass (``loss.backward()``): the network's share of it is counted."""
-        self._in_backward, self._backward_mark = True, None
-        try:
-            yield
-        finally:
-            self._in_backward = False
-            if self._backward_mark is not None:
-                self._add("backward", self._backward_mark, self._now())
-                self.backward_calls += 1
-            self._backward_mark = None
-
-    # -- reading -----------------------------------------------------------------------------
-    def totals(self) -> dict[str, float]:
-        """Running sums: seconds (forward_grad, forward_no_grad, forward, backward, total) and counts."""
-        if self._pending:
-            torch.cuda.synchronize(self.device)
-            for key, start, end in self._pending:
-                self._seconds[key] += start.elapsed_time(end) / 1000.0
-            self._pending.clear()
-        s = dict(self._seconds)
-        s["forward"] = s["forward_grad"] + s["forward_no_grad"]
-        s["total"] = s["forward"] + s["backward"]
-        s.update({f"calls_{k}": float(v) for k, v in self.forward_calls.items()})
-        s.update({f"rows_{k}": float(v) for k, v in self.forward_rows.items()})
-        s["cfg_calls"] = float(self.cfg_calls)
-        s["backward_calls"] = float(self.backward_calls)
-        s["unattributed_backwards"] = float(self.unattributed_backwards)
-        return s
-
-    @staticmethod
-    def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-        """What happened between two ``totals()``."""
-        return {k: after[k] - before.get(k, 0.0) for k in after}
-
-
-def _missing_components(folder: str) -> list[str]:
-    """The components model_index.json names ([library, class], not null) whose folder (or its config) is absent."""
-    import json
-
-    try:
-        index = json.loads(Path(folder, "model_index.json").read_text())
-    except (OSError, ValueError):
-        return []
-    named = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[0]]
-    return [f"{k}/" for k in named if not Path(folder, k).is_dir() or not any(Path(folder, k).iterdir())]
-
-
-def _unloadable(pretrained: str, source: str, err: OSError) -> Exception:
-    """One line for a model that diffusers could not load (its OSError runs to several lines)."""
-    from flowgrpo.run.errors import UserError
-
-    first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-    if os.path.isdir(source):
-        missing = _missing_components(source)
-        if missing:
-            return UserError(f"model.pretrained={pretrained!r} lacks {', '.join(missing)}: its model_index.json names "
-                             f"{'these components' if len(missing) > 1 else 'this component'} but the folder is not "
-                             "there (an interrupted download or copy?); download or copy the whole model again")
-        return UserError(f"model.pretrained={pretrained!r} is a folder diffusers cannot load as a pipeline ({first}); "
-                         "it needs model_index.json and a folder per component, as save_pretrained writes them")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-    how = ("it is not in the local hub cache and HF_HUB_OFFLINE is set: download it first with "
-           f"`huggingface-cli download {pretrained}` (or unset HF_HUB_OFFLINE)" if offline else
-           f"check the hub id (and your access to it: `huggingface-cli login`), or download it with "
-           f"`huggingface-cli download {pretrained}`")
-    return UserError(f"model.pretrained={pretrained!r} could not be loaded ({first}); {how}")
-
-
-class FlowModel:
+class FlowModel(TrainableWeights):
     """A flow-matching text-to-image (or text-to-video) model as functions of tensors (see the module docstring).
 
     Subclasses set ``pipeline_class`` and implement ``_encode``, ``_transformer_velocity``,
-    ``latent_shape`` and ``_image_seq_len`` (and ``_uses_cfg`` where CFG is not scale > 1).
+    ``latent_shape`` and ``_image_seq_len`` (and ``_uses_cfg`` where CFG is not scale > 1). What trains (LoRA or
+    the whole network), the reference policy and saving / loading it are :class:`TrainableWeights`' (trainable.py).
     """
 
     pipeline_class: ClassVar[type]  # the diffusers pipeline whose components and methods we use
-    modality: ClassVar[str] = "image"  # "image": decode -> [N, 3, H, W]; "video": decode -> [N, F, 3, H, W]
-    # LoRA targets used when the config leaves lora_target_modules at the SD3/FLUX default
-    default_lora_targets: ClassVar[tuple[str, ...]] = DEFAULT_LORA_TARGETS
     _default_max_shift: ClassVar[float] = 1.15  # the pipeline's default for dynamic shifting
     negative_prompt: ClassVar[str] = ""  # CFG's unconditional row: the pipeline's default negative (Qwen-Image: " ")
 
@@ -415,52 +142,11 @@ class FlowModel:
                              "model_index.json: it cannot say which expert denoises which timesteps")
         return float(ratio) * self._num_train_timesteps
 
-    def _setup_finetune(self) -> None:
-        cfg = self.config
-        mode = cfg.reference
-        if mode == "auto":
-            mode = "adapter_disabled" if cfg.finetune == "lora" else "frozen_copy"
-        self.reference_mode = mode
-        trained = cfg.trained_experts or list(self.experts)
-        unknown = [name for name in trained if name not in self.experts]
-        if unknown:
-            from flowgrpo.models.config import ModelConfigError
-
-            raise ModelConfigError(f"model.trained_experts names {unknown}, which this model does not have; its "
-                                   f"denoising networks are {list(self.experts)}: list some of them, or null for all")
-        self.trained_experts = [name for name in self.experts if name in trained]
-        self.transformer = self.experts[self.trained_experts[0]]  # the (first) trained network
-        for name in self.trained_experts:
-            network = self.experts[name]
-            if mode == "frozen_copy":  # before the adapter is added: the copy is the base model
-                self._references[name] = copy.deepcopy(network).requires_grad_(False).eval()
-            if cfg.finetune == "lora":
-                from diffusers.training_utils import cast_training_params
-                from peft import LoraConfig
-
-                lora = LoraConfig(
-                    r=cfg.lora_rank,
-                    lora_alpha=cfg.lora_alpha,
-                    init_lora_weights="gaussian",  # A ~ N(0, 1/r), B = 0: the adapter starts as the identity
-                    target_modules=self._lora_targets(),
-                )
-                network.add_adapter(lora, adapter_name=ADAPTER_NAME)
-                cast_training_params(network, torch.float32)  # LoRA weights train in fp32
-            else:
-                network.requires_grad_(True)
-            if cfg.gradient_checkpointing:
-                network.enable_gradient_checkpointing()
-        self._trainable_names = [(name, n) for name in self.trained_experts
-                                 for n, p in self.experts[name].named_parameters() if p.requires_grad]
-
     @property
-    def _reference_transformer(self) -> Optional[torch.nn.Module]:
-        """The frozen reference copy of the (first) trained network, or None."""
-        return self._references.get(self.trained_experts[0])
+    def modality(self) -> str:
+        """"image": decode -> [N, 3, H, W]; "video": decode -> [N, F, 3, H, W]; "vector" (its family's record)."""
+        return FAMILIES[self.config.family].modality
 
-    def _lora_targets(self) -> list[str]:
-        targets = list(self.config.lora_target_modules)
-        return list(self.default_lora_targets) if tuple(targets) == DEFAULT_LORA_TARGETS else targets
 
     def shift_for(self, num_steps: int) -> float:
         """The time shift of a grid of ``num_steps`` steps: ``model.shift`` (the config's, else the scheduler's at the
@@ -719,142 +405,7 @@ class FlowModel:
         latents = self.vae.encode(pixels).latent_dist.mean
         return ((latents - vae_config.shift_factor) * vae_config.scaling_factor).float()
 
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """The parameters the optimizer updates: LoRA weights (fp32), or every transformer weight."""
-        named = {name: dict(self.experts[name].named_parameters()) for name in self.trained_experts}
-        return [named[e][n] for e, n in self._trainable_names]  # looked up by name: survives in-place FSDP2 sharding
-
-    @contextmanager
-    def reference(self) -> Iterator[None]:
-        """Inside, ``velocity`` is the reference policy, without gradients (LoRA disabled, or a frozen copy)."""
-        if self.reference_mode == "none":
-            raise RuntimeError(
-                "this model was loaded with reference='none', so it has no reference policy; set "
-                "model.reference: auto to use a KL term against the base model"
-            )
-        if self._in_reference:
-            raise RuntimeError("reference() contexts do not nest")
-        trainable = self.trainable_parameters()
-        requires_grad = [p.requires_grad for p in trainable]
-        self._in_reference = True
-        if self.reference_mode == "adapter_disabled":
-            for name in self.trained_experts:
-                self.experts[name].disable_adapters()
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            self._in_reference = False
-            if self.reference_mode == "adapter_disabled":
-                for name in self.trained_experts:
-                    self.experts[name].enable_adapters()
-                # peft's enable_adapters sets requires_grad on the adapter; restore what it was
-                for p, flag in zip(trainable, requires_grad):
-                    p.requires_grad_(flag)
-
-    def networks(self) -> list[torch.nn.Module]:
-        """The networks a sharded run shards: every expert (the trained ones and a frozen one) and the frozen
-        reference copies when kept."""
-        return list(self.experts.values()) + list(self._references.values())
-
-    def trained_state(self) -> dict[str, torch.Tensor]:
-        """What ``save_trainable`` writes, as ``"<expert>.<state-dict name>"``: the LoRA weights, or the whole state
-        of each trained expert."""
-        state = {}
-        names = {(e, n) for e, n in self._trainable_names}
-        for expert in self.trained_experts:
-            own = self.experts[expert].state_dict()
-            state.update({f"{expert}.{n}": t for n, t in own.items() if self.config.finetune == "full" or (expert, n) in names})
-        return state
-
-    def _saved_file(self, expert: str) -> Optional[str]:
-        """The LoRA file of ``expert`` in a saved folder: diffusers' default name for the first network, a file named
-        after the component for the second (loaded with ``load_lora_weights(folder, weight_name=...,
-        load_into_transformer_2=True)``), and for full fine-tuning a subfolder per expert beyond the first."""
-        return None if expert == next(iter(self.experts)) else f"pytorch_lora_weights_{expert}.safetensors"
-
-    def save_trainable(self, folder: str | os.PathLike, state: Optional[dict[str, torch.Tensor]] = None) -> None:
-        """LoRA: diffusers' LoRA file (loads with ``pipe.load_lora_weights``, alpha kept); full: the transformer
-        folder (``from_pretrained``). ``state``: ``trained_state()``'s tensors to write instead of the modules' own
-        (a sharded run gathers them whole first). A second trained expert (Wan2.2's ``transformer_2``) is written
-        beside the first: ``pytorch_lora_weights_transformer_2.safetensors``, or the folder ``transformer_2/``."""
-        os.makedirs(folder, exist_ok=True)
-        for expert in self.trained_experts:
-            own = None if state is None else {k.removeprefix(f"{expert}."): v for k, v in state.items()
-                                              if k.startswith(f"{expert}.")}
-            self._save_expert(expert, folder, own)
-
-    def _save_expert(self, expert: str, folder: str | os.PathLike, state: Optional[dict[str, torch.Tensor]]) -> None:
-        network = self.experts[expert]
-        if self.config.finetune == "full":
-            if expert != next(iter(self.experts)):
-                folder = os.path.join(folder, expert)
-            if state is None:
-                network.save_pretrained(folder, safe_serialization=True)
-                return
-            from huggingface_hub import save_torch_state_dict
-
-            network.save_config(folder)
-            save_torch_state_dict(state, folder, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
-                                  max_shard_size="10GB")
-            return
-        from peft.utils import get_peft_model_state_dict
-
-        metadata = network.peft_config[ADAPTER_NAME].to_dict()
-        metadata = {k: sorted(v) if isinstance(v, set) else v for k, v in metadata.items()}
-        self.pipeline_class.save_lora_weights(
-            folder,
-            transformer_lora_layers=get_peft_model_state_dict(network, state_dict=state, adapter_name=ADAPTER_NAME),
-            transformer_lora_adapter_metadata=metadata,
-            safe_serialization=True,
-            **({"weight_name": self._saved_file(expert)} if self._saved_file(expert) else {}),
-        )
-
-    def load_trainable(self, folder: str | os.PathLike) -> None:
-        """Load what ``save_trainable`` wrote, in place (the optimizer's parameters stay the same objects)."""
-        for expert in self.trained_experts:
-            self._load_expert(expert, folder)
-
-    def _load_expert(self, expert: str, folder: str | os.PathLike) -> None:
-        network = self.experts[expert]
-        if self.config.finetune == "full":
-            from safetensors.torch import load_file
-
-            if expert != next(iter(self.experts)):
-                folder = os.path.join(folder, expert)
-            files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-            if not files:
-                raise FileNotFoundError(f"no *.safetensors transformer weights in {folder}")
-            state = {k: v for f in files for k, v in load_file(f).items()}
-            network.load_state_dict(state, strict=True)
-            return
-        from peft.utils import set_peft_model_state_dict
-
-        name = self._saved_file(expert)
-        if name is not None and not os.path.isfile(os.path.join(folder, name)):
-            raise FileNotFoundError(f"{folder} has no {name}: the LoRA of {expert} (this model trains "
-                                    f"{', '.join(self.trained_experts)}; set model.trained_experts to what was saved)")
-        state, metadata = self.pipeline_class.lora_state_dict(folder, return_lora_metadata=True,
-                                                              **({"weight_name": name} if name else {}))
-        prefix = "transformer."  # diffusers' LoRA files prefix keys and metadata with the component name
-        metadata = {k.removeprefix(prefix): v for k, v in (metadata or {}).items()}
-        for key, want in (("r", self.config.lora_rank), ("lora_alpha", self.config.lora_alpha)):
-            got = metadata.get(key)
-            if got is None or float(got) != float(want):
-                raise ValueError(
-                    f"the LoRA in {folder} has {key}={got} but this model has {key}={want}; set model.lora_rank "
-                    f"and model.lora_alpha to match the saved adapter (or save it with save_trainable)"
-                )
-        state = {k.removeprefix(prefix): v for k, v in state.items()}
-        result = set_peft_model_state_dict(network, state, adapter_name=ADAPTER_NAME)
-        if result.unexpected_keys:
-            raise ValueError(f"LoRA in {folder} has weights this model does not: {result.unexpected_keys[:5]}")
-        missing = [k for k in result.missing_keys if "lora_" in k]
-        if missing:
-            raise ValueError(f"LoRA in {folder} lacks weights of this model's adapter: {missing[:5]}")
-
-
 def load_model(cfg: ModelConfig | dict) -> FlowModel:
     """Load the adapter of ``cfg.family`` (components via ``from_pretrained``)."""
     config = validate_model_config(cfg)
-    return _family_class(config.family)(config)
+    return FAMILIES[config.family].adapter_class()(config)

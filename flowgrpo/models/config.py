@@ -1,34 +1,21 @@
-"""The model config schema (``ModelConfig``), its validation, and the adapter-family registry.
+"""The model config schema (``ModelConfig``) and its validation (the families: flowgrpo/models/families.py).
 
 Keys of ``configs/models/*.yaml``; every field is commented. Errors name the key, the bad value and
 the allowed values (unknown keys get a "did you mean").
 """
 
 from __future__ import annotations
+import copy
 import difflib
-import importlib
+import functools
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, List, Optional
 import torch
 
+from flowgrpo.models.families import DEFAULT_LORA_TARGETS, FAMILIES, families
 from flowgrpo.run.errors import UserError
 
-# Flow-GRPO's LoRA targets: every attention projection of the joint (MM-DiT) blocks. The names are
-# the same in SD3's and FLUX's transformers (FLUX's single-stream blocks have no `to_out`).
-DEFAULT_LORA_TARGETS = (
-    "attn.to_q",
-    "attn.to_k",
-    "attn.to_v",
-    "attn.to_out.0",
-    "attn.add_q_proj",
-    "attn.add_k_proj",
-    "attn.add_v_proj",
-    "attn.to_add_out",
-)
-# Wan's LoRA targets: the query/key/value/output projections of every self-attention (attn1) and
-# cross-attention (attn2) block, as diffusers' and DanceGRPO's Wan LoRA training choose.
-WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 ADAPTER_NAME = "default"  # the peft adapter flowgrpo trains
 # a pipeline's denoising networks: one, or two experts switched at a boundary timestep (Wan2.2 A14B)
 EXPERT_COMPONENTS = ("transformer", "transformer_2")
@@ -37,28 +24,13 @@ FINETUNE_MODES = ("lora", "full")
 REFERENCE_MODES = ("auto", "adapter_disabled", "frozen_copy", "none")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
-# family name -> "module:Class" (imported on first use, so a family's optional deps stay optional)
-_FAMILIES: dict[str, str] = {
-    "sd3": "flowgrpo.models.sd3:SD3Model",
-    "flux": "flowgrpo.models.flux:FluxModel",
-    "wan": "flowgrpo.models.wan:WanModel",
-    "qwen_image": "flowgrpo.models.qwen_image:QwenImageModel",
-    "flux2": "flowgrpo.models.flux2:Flux2Model",
-    "flux2_klein": "flowgrpo.models.flux2:Flux2KleinModel",
-    "z_image": "flowgrpo.models.z_image:ZImageModel",
-    "analytic": "flowgrpo.models.analytic:AnalyticModel",
-}
-# video families -> their VAE's temporal compression (num_frames must be k * factor + 1)
-_VIDEO_FAMILIES: dict[str, int] = {"wan": 4}
-
-
 @dataclass
 class ModelConfig:
     """Which model to load and how to fine-tune it (the ``model:`` block of a run config)."""
 
     # adapter family: "sd3" (SD3 / SD3.5) | "flux" (FLUX.1) | "flux2" (FLUX.2 dev / klein) | "qwen_image" (Qwen-Image)
     # | "z_image" (Z-Image, Z-Image-Turbo) | "wan" (Wan2.1 / Wan2.2 T2V) | "analytic" (the Gaussian-mixture world
-    # with an exact velocity, docs/analytic_world.md); see register_family
+    # with an exact velocity, docs/analytic_world.md); flowgrpo/models/families.py registers them
     family: str = "sd3"
     pretrained: str = "tiny-sd3"  # hub id, local folder saved with save_pretrained, or built-in name
     revision: Optional[str] = None  # hub revision (branch, tag or commit) of `pretrained`
@@ -82,7 +54,7 @@ class ModelConfig:
     finetune: str = "lora"  # "lora" (peft adapter on the transformer) | "full" (every transformer weight)
     lora_rank: int = 32  # LoRA rank r
     lora_alpha: float = 64.0  # LoRA alpha; the update is scaled by alpha / r
-    # module-name suffixes; left at this (SD3/FLUX) default, a family with other names uses its own (Wan: WAN_LORA_TARGETS)
+    # module-name suffixes; left at this (SD3/FLUX) default, a family with other names uses its own (its record's lora_targets)
     lora_target_modules: List[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     # reference policy: "auto" (adapter_disabled for LoRA, frozen_copy for full) | "adapter_disabled" |
     # "frozen_copy" (a deep copy of the base transformer) | "none" (no reference, no KL term)
@@ -95,28 +67,6 @@ class ModelConfig:
     depth: Optional[int] = None
 
 
-def register_family(name: str, target: str | type, temporal_factor: Optional[int] = None) -> None:
-    """Add an adapter family: ``target`` is a FlowModel subclass or a ``"module:Class"`` string;
-    ``temporal_factor`` marks a video family whose ``num_frames`` must be k * factor + 1."""
-    _FAMILIES[name] = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
-    if temporal_factor is not None:
-        _VIDEO_FAMILIES[name] = int(temporal_factor)
-
-
-def families() -> list[str]:
-    return sorted(_FAMILIES)
-
-
-def _family_class(name: str) -> type:  # a FlowModel subclass
-    module_name, class_name = _FAMILIES[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
-def family_modality(name: str) -> str:
-    """What a family's model makes: "image", "video" or "vector" (the analytic world)."""
-    return _family_class(name).modality
-
-
 def attention_backends() -> list[str]:
     """The backend names diffusers' attention dispatcher knows (availability is checked at load)."""
     from diffusers.models.attention_dispatch import AttentionBackendName
@@ -126,6 +76,13 @@ def attention_backends() -> list[str]:
 
 class ModelConfigError(UserError, ValueError):
     """A bad model config value; the message names the key, the allowed values and the fix."""
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_node():
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(ModelConfig)
 
 
 def validate_model_config(cfg: Any = None) -> ModelConfig:
@@ -154,7 +111,7 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
                 f"unknown model config key '{key}': {hint}remove it or use one of: {', '.join(known)}"
             )
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
+        merged = OmegaConf.unsafe_merge(copy.deepcopy(_schema_node()), cfg)  # the schema's node, built once
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or getattr(err, "key", None)
         raise ModelConfigError(f"bad model config value for '{key}': {err.msg if hasattr(err, 'msg') else err}") from None
@@ -163,7 +120,7 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
     def bad(key: str, allowed: str) -> ValueError:
         return ModelConfigError(f"model config '{key}' is {getattr(config, key)!r}; allowed: {allowed}")
 
-    if config.family not in _FAMILIES:
+    if config.family not in FAMILIES:
         raise bad("family", ", ".join(families()))
     if not config.pretrained:
         raise bad("pretrained", "a hub id, a local folder or a built-in model name")
@@ -178,9 +135,10 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
         raise bad("depth", "null, or an integer >= 1 together with random_weights: true")
     if config.width is not None and config.width < 1:
         raise bad("width", "null (= resolution) or an integer >= 1")
-    factor = _VIDEO_FAMILIES.get(config.family)
+    factor = FAMILIES[config.family].temporal_factor
     if factor is None and config.num_frames != 1:
-        raise bad("num_frames", f"1 for the image family {config.family!r} (video families: {', '.join(sorted(_VIDEO_FAMILIES))})")
+        video = sorted(name for name, f in FAMILIES.items() if f.temporal_factor)
+        raise bad("num_frames", f"1 for the image family {config.family!r} (video families: {', '.join(video)})")
     if factor is not None and (config.num_frames - 1) % factor:
         lower = (config.num_frames - 1) // factor * factor + 1
         raise bad("num_frames", f"{factor}k + 1 for {config.family!r} (its VAE compresses time {factor}x), e.g. "

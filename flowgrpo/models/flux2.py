@@ -50,7 +50,7 @@ import torch
 from diffusers import Flux2KleinPipeline, Flux2Pipeline
 
 from flowgrpo.models.base import FlowModel
-from flowgrpo.models.config import DEFAULT_LORA_TARGETS
+from flowgrpo.models.families import DEFAULT_LORA_TARGETS
 
 
 class _Flux2Base(FlowModel):

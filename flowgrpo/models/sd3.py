@@ -13,7 +13,8 @@ from typing import Optional
 
 from diffusers import StableDiffusion3Pipeline
 
-from flowgrpo.models.base import Conditioning, FlowModel
+from flowgrpo.models.base import FlowModel
+from flowgrpo.models.conditioning import Conditioning
 
 
 class SD3Model(FlowModel):

@@ -34,13 +34,10 @@ import torch
 from diffusers import WanPipeline
 
 from flowgrpo.models.base import FlowModel
-from flowgrpo.models.config import WAN_LORA_TARGETS
 
 
 class WanModel(FlowModel):
     pipeline_class = WanPipeline
-    modality = "video"
-    default_lora_targets = WAN_LORA_TARGETS
 
     def _encode(self, prompts: list[str]):
         embeds, _ = self.pipeline.encode_prompt(

@@ -46,15 +46,11 @@ from diffusers import ZImagePipeline
 
 from flowgrpo.models.base import FlowModel
 
-# diffusers' examples/dreambooth/train_dreambooth_lora_z_image.py default (--lora_layers unset): every attention
-# projection of ZImageTransformerBlock (the main layers and both refiners)
-Z_IMAGE_LORA_TARGETS = ("to_k", "to_q", "to_v", "to_out.0")
 PATCH_SIZE = 2  # ZImagePipeline calls the transformer with its default patch_size=2, f_patch_size=1
 
 
 class ZImageModel(FlowModel):
     pipeline_class = ZImagePipeline
-    default_lora_targets = Z_IMAGE_LORA_TARGETS
 
     def _encode(self, prompts: list[str]):
         """The pipeline's per-prompt embeddings (real tokens only), padded to max_sequence_length, and their mask."""

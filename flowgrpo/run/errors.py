@@ -10,8 +10,6 @@ docs/errors.md lists every class of bad input with its message.
 
 from __future__ import annotations
 
-import difflib
-
 EXIT_USER_ERROR = 2
 
 
@@ -24,26 +22,15 @@ class ConfigError(UserError, ValueError):
 
 
 def reward_class(name: str, where: str):
-    """The reward class ``name`` refers to (a registered name or ``package.module:Class``), imported but
-    not built; a :class:`UserError` naming ``where`` (the config key or option) when there is none."""
-    from rewards import REGISTRY, Reward
-    from rewards.common import import_object
+    """The reward class ``name`` refers to (``rewards.reward_class``, the one resolver), imported but not built; a
+    :class:`UserError` naming ``where`` (the config key or option) when there is none."""
+    from rewards import RewardLookupError
+    from rewards import reward_class as resolve
 
-    target = REGISTRY.get(name, name)
-    if not isinstance(name, str) or (":" not in target and "." not in target):
-        close = difflib.get_close_matches(str(name), list(REGISTRY), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UserError(f"unknown reward {name!r} in {where}; {hint}use a registered reward ({', '.join(sorted(REGISTRY))}) "
-                        "or a dotted path such as 'my_package.my_module:MyReward'")
     try:
-        cls = import_object(target)
-    except ValueError as exc:
-        cause = exc.__cause__ or exc
-        raise UserError(f"cannot import reward {name!r} ({where}): {cause}; check the module path and that its "
-                        "package is installed (docs/rewards.md)") from None
-    if not (isinstance(cls, type) and issubclass(cls, Reward)):
-        raise UserError(f"{name!r} ({where}) is not a reward: name a rewards.base.Reward subclass (docs/rewards.md)")
-    return cls
+        return resolve(name, where)
+    except RewardLookupError as exc:
+        raise UserError(str(exc)) from None
 
 
 def build_reward(name: str, kwargs: dict, where: str):

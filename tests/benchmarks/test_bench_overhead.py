@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowgrpo.models.base import CallTimer
+from flowgrpo.run.timing import CallTimer
 from model_helpers import latents, load_family
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import samplers
+from flowgrpo.config import preset_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_peer  # noqa: E402
@@ -44,13 +45,13 @@ def test_median_ratio_is_theirs_over_ours():
 
 @pytest.mark.parametrize("steps", [4, 10, 16])
 def test_trained_steps_match_flowgrpos_flow_grpo_plan(steps):
-    plan = samplers.method_schedule("flow_grpo", plan={"num_steps": steps, "group_size": 2}).plan(0)
+    plan = samplers.build_schedule({**preset_plan("flow_grpo")[0], "num_steps": steps, "group_size": 2}).plan(0)
     counts = plan.counts()
     assert counts["trained"] // counts["leaves"] == bench_peer.trained_steps(steps)
 
 
 def test_per_sample_steps_puts_each_transition_at_its_sample_and_step():
-    plan = samplers.method_schedule("flow_grpo", plan={"num_steps": 4, "group_size": 3}).plan(0)
+    plan = samplers.build_schedule({**preset_plan("flow_grpo")[0], "num_steps": 4, "group_size": 3}).plan(0)
     rec = samplers.rollout(lambda x, s, c: 0.1 * x + c.view(-1, 1, 1, 1).float(), plan, prompt_ids=[5, 9],
                            latent_shape=(2, 4, 4), seed=0)
     steps = bench_peer.per_sample_steps(rec, rec.step.double(), 3)
@@ -89,7 +90,7 @@ def test_scheduler_grid_uses_the_given_sigmas_as_they_are():
 
 
 def test_timed_calls_times_a_network_called_directly_and_unhooks():
-    from flowgrpo.models.base import CallTimer
+    from flowgrpo.run.timing import CallTimer
 
     net = torch.nn.Linear(3, 3)
     timer = CallTimer("cpu")

@@ -20,10 +20,12 @@ needs_checkout = needs_checkout(CODE)  # the tests that compare with the checkou
 def test_per_root_step_puts_each_trained_transition_at_its_root_and_step():
     """The bookkeeping the comparison reads flowgrpo's log-probs with (no checkout needed)."""
     import samplers
+    from flowgrpo.config import preset_plan
     from parity.flow_grpo import per_root_step
 
-    plan = samplers.method_schedule("flow_grpo_fast", plan={"num_steps": 6, "group_size": 3},
-                                    window={"size": 2, "low": 1, "high": 1}).plan(0)
+    plan, window = preset_plan("flow_grpo_fast")
+    plan = samplers.build_schedule({**plan, "num_steps": 6, "group_size": 3},
+                                   {**window, "size": 2, "low": 1, "high": 1}).plan(0)
     rec = samplers.rollout(lambda x, s, c: 0.1 * x + c.view(-1, 1, 1, 1).float(), plan, prompt_ids=[4, 7],
                            latent_shape=(2, 4, 4), seed=0)
     steps = per_root_step(rec, rec.step.double(), 6)

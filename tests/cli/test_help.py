@@ -35,7 +35,7 @@ def test_training_help_lists_presets_models_and_the_config_reference(script, cap
     assert len(presets) >= 10 and len(models) >= 5
     assert f"presets (--preset NAME, configs/presets/): {', '.join(presets)}" in flat
     assert f"models (--model NAME, configs/models/): {', '.join(models)}" in flat
-    assert "flowgrpo/config.py" in flat and "docs/errors.md" in flat
+    assert "flowgrpo/config/schema.py" in flat and "docs/errors.md" in flat
     assert "--threads N" in flat and "--debug" in flat
 
 
@@ -45,7 +45,7 @@ def test_training_help_reads_the_preset_folder_at_run_time(tmp_path, monkeypatch
 
     for folder in ("presets", "models"):
         (tmp_path / folder).mkdir()
-    (tmp_path / "presets" / "my_method.yaml").write_text("sampling: {method: flow_grpo}\n")
+    (tmp_path / "presets" / "my_method.yaml").write_text("sampling: {plan: {num_steps: 10}}\n")
     (tmp_path / "models" / "my_model.yaml").write_text("family: sd3\n")
     monkeypatch.setattr(launch, "configs_dir", lambda: tmp_path)
     flat = " ".join(_help(_script("train_t2i.py").main, ["--help"], capsys).split())

@@ -84,14 +84,20 @@ TRAINING = [
     (["--preset", "flow_grpo", "sampling.plan.eta=nan"], r"sampling.plan.eta='nan' is not allowed; use null or a number "
                                                          r">= 0$"),
     (["sampling.plan.windw=3"], r"sampling.plan.windw is not a key of the plan; it takes \['branch_factor', 'eta', "),
-    (["--preset", "flow_grpo", "sampling.window.size=3"], r"sampling.window.size: sampling.method=flow_grpo has no "
-                                                          r"moving window .*the methods with one: \['branchgrpo_mix'"),
-    (["--preset", "mixgrpo", "sampling.window.size=30"], r"the rollout plan of sampling.method=mixgrpo with .*"
-                                                         r"sampling.window.size=30 cannot be built: window size 30 must "
-                                                         r"lie in \[1, num_steps=25\]$"),
+    (["--preset", "flow_grpo", "sampling.window.sise=3"], r"sampling.window.sise is not a key of the window; it takes "
+                                                          r"\['decay_offset', 'decay_rate', "),
+    (["--preset", "flow_grpo", "sampling.window.stride=2"], r"sampling.window.stride is given but sampling.window.size "
+                                                            r"is not: a moving SDE window needs its size"),
+    (["--preset", "mixgrpo", "sampling.window.size=30"], r"the rollout plan sampling.plan=\{'num_steps': 25, .*\} with "
+                                                         r"sampling.window=\{'size': 30, .*\} cannot be built: window "
+                                                         r"size 30 must lie in \[1, num_steps=25\]$"),
     (["--preset", "flow_grpo", "sampling.plan.eta=1e30"], r"cannot be built: step 0 \(flow_sde, η=1e\+30, σ 1 → [0-9.]+\): "
                                                           r"its mean or noise coefficients are not finite in float32, so "
                                                           r"its first sample would be NaN or inf; lower eta$"),
+    # a method is its preset file: the retired key and the old method names say what replaced them
+    (["sampling.method=flow_grpo"], r"error: sampling.method is gone: a preset's file is its whole method, .*choose a "
+                                    r"method with --preset NAME"),
+    (["--preset", "dance_grpo"], r"error: preset 'dance_grpo' is called 'dancegrpo' now \(--preset dancegrpo\)$"),
     (["sampling.plan.group_size=4096", "sampling.plan.num_steps=1000"],
      r"holds [0-9,]+ states per rollout batch .*more than 1,048,576: it cannot finish in memory or in any sensible "
      r"time; lower those"),
@@ -222,7 +228,8 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "--samples-per-prompt must be", "build it with", "threads=-1 is not allowed", "is not UTF-8 text", "cannot be created", "could not be loaded", "cannot load as a pipeline",
                      "already holds a run with another configuration", "no valid reward in",
                      "holds a pretraining of other model sizes", "could not write checkpoint", "cannot be read (", "could not be built", "holds the control character", "is a prompt of", "a prompt set may be", "lacks transformer/", "this run cannot fit",
-                     "is not a key of the plan", "has no moving window", "cannot be built: ", "states per rollout batch",
+                     "is not a key of the plan", "is not a key of the window", "cannot be built: ",
+                     "sampling.method is gone", "is called 'dancegrpo' now", "states per rollout batch",
                      "the launch started", "the policy's samples are NaN or inf"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
@@ -244,7 +251,7 @@ def test_a_group_too_large_for_the_memory_is_one_line_before_the_first_rollout(f
     config check: more than 2^20 states in a rollout batch). A group under that cap that still cannot fit (16,000
     samples of 512 px) is refused by the memory plan, checked after the model loads and before anything is sampled
     (here against the host's memory), in one line."""
-    from flowgrpo.models.memory import host_memory
+    from flowgrpo.memory import host_memory
 
     if host_memory() is None:
         pytest.skip("no /proc/meminfo")

@@ -1,4 +1,4 @@
-"""Every config key declares what values it takes (a ``RULES`` table beside its class's fields, flowgrpo/config.py),
+"""Every config key declares what values it takes (``key(rule, default)`` where it is declared, flowgrpo/config/schema.py),
 and every value outside is refused before anything loads, in one line naming the key, the value and what is allowed."""
 
 from dataclasses import fields, is_dataclass
@@ -27,11 +27,11 @@ def _keys(cls, prefix=""):
 
 
 def test_every_key_declares_its_rule():
-    missing = [key for cls, name, key in _keys(Config) if name not in getattr(cls, "RULES", {})]
-    assert not missing, f"config keys without a rule in their class's RULES: {missing}"
-    stale = [f"{cls.__name__}.{name}" for cls in {c for c, _, _ in _keys(Config)}
-             for name in getattr(cls, "RULES", {}) if name not in {f.name for f in fields(cls)}]
-    assert not stale, f"rules for keys that do not exist: {stale}"
+    from flowgrpo.config import rules_of
+
+    missing = [key for cls, name, key in _keys(Config) if name not in rules_of(cls)]
+    assert not missing, f"config keys declared without a rule (flowgrpo/config/schema.py key(rule, default)): {missing}"
+    assert not any(hasattr(cls, "RULES") for cls, _, _ in _keys(Config)), "a second table of rules beside the keys"
 
 
 @pytest.mark.parametrize("override, message", [
@@ -70,8 +70,9 @@ def test_the_plan_keys_that_choose_a_solver_follow_the_samplers():
     assert [k for k in range(-1, 5) if PLAN_RULES["sa_predictor_order"].ok(k)] == list(SA_PREDICTOR_ORDERS)
     assert [k for k in range(-1, 5) if PLAN_RULES["sa_corrector_order"].ok(k)] == list(SA_CORRECTOR_ORDERS)
     assert [e for e in ("exact", "awm", "x") if PLAN_RULES["grid_ends"].ok(e)] == list(GRID_ENDS)
-    noisy = ["learner.name=transition", "sampling.method=mixgrpo", "sampling.plan.solver=sa_solver",
-             "sampling.plan.sa_tau=0.4"]
+    window = ["sampling.plan.kernel=flow_sde", "sampling.plan.eta=0.7",  # MixGRPO's SDE window on the default's plan
+              "sampling.window={size: 4, strategy: progressive, interval: 25, stride: 1}"]
+    noisy = ["learner.name=transition", *window, "sampling.plan.solver=sa_solver", "sampling.plan.sa_tau=0.4"]
     with pytest.raises(ConfigError, match=r"^sampling.plan.sa_tau=0.4 draws SA-Solver noise on untrained steps.*"
                                           r"set sampling.plan.sa_tau=0 .*or use a forward-process learner"):
         load_config(None, None, noisy)
@@ -82,9 +83,9 @@ def test_the_plan_keys_that_choose_a_solver_follow_the_samplers():
 def test_the_squared_error_log_prob_is_refused_with_the_fused_op_naming_the_backend():
     import samplers
 
-    from flowgrpo.config import SamplingConfig
+    from flowgrpo.config import SamplingConfig, rules_of
 
-    assert [f for f in ("gaussian", "squared_error", "x") if SamplingConfig.RULES["log_prob"].ok(f)] == list(
+    assert [f for f in ("gaussian", "squared_error", "x") if rules_of(SamplingConfig)["log_prob"].ok(f)] == list(
         samplers.kernels.LOG_PROB_FORMS)
     with pytest.raises(ConfigError, match=r"^sampling.log_prob=squared_error .*set loss.likelihood_backend=reference"):
         load_config("flow_grpo", None, ["sampling.log_prob=squared_error", "loss.likelihood_backend=fused"])
@@ -109,17 +110,14 @@ WORLDS = {  # name -> (program, its default, extra arguments)
 }
 
 
-def _plan_keys(method: str, preset: str | None = None) -> list[str]:
-    """The sampling.plan / sampling.window keys to fuzz: with no preset every key the plan builder and (for a windowed
-    method) the window schedule take; with a preset the keys its method, its file and its recipes set."""
-    import samplers
+def _plan_keys(windowed: bool = False, preset: str | None = None) -> list[str]:
+    """The sampling.plan / sampling.window keys to fuzz: with no preset every key the plan builder and (for a plan
+    with a moving window) the window schedule take; with a preset the keys its file and its recipes set."""
     from samplers.plans import PLAN_RULES
     from samplers.schedules import WINDOW_RULES
 
-    spec = samplers.METHOD_PRESETS[method]
     if preset is None:
-        return [f"sampling.plan.{k}" for k in PLAN_RULES] + [f"sampling.window.{k}" for k in WINDOW_RULES
-                                                              if spec["window"] is not None]
+        return [f"sampling.plan.{k}" for k in PLAN_RULES] + [f"sampling.window.{k}" for k in WINDOW_RULES if windowed]
     import yaml
 
     from flowgrpo.run.paths import configs_dir
@@ -127,7 +125,7 @@ def _plan_keys(method: str, preset: str | None = None) -> list[str]:
     data = yaml.safe_load((configs_dir() / "presets" / f"{preset}.yaml").read_text())
     blocks = [data] + [data.get("recipe") or {}] + [b for key in ("recipe_by_family", "recipe_by_reward")
                                                      for b in (data.get(key) or {}).values()]
-    plan, window = set(spec["plan"]), set(spec["window"] or {})
+    plan, window = set(), set()
     for block in blocks:
         plan |= set(((block.get("sampling") or {}).get("plan") or {}))
         window |= set(((block.get("sampling") or {}).get("window") or {}))
@@ -197,8 +195,8 @@ def test_every_leaf_key_fuzzed_ends_in_one_line_before_anything_loads(world, tmp
     program, default, extra = WORLDS[world]
     extra = [str(configs_dir() / "analytic.yaml") if e == "ANALYTIC" else e for e in extra]
     base = str(configs_dir() / "analytic.yaml") if extra else None
-    method = load_config(None, None, [], base=base, default=default).sampling.method
-    keys = [key for _, _, key in _keys(Config)] + _plan_keys(method)
+    windowed = bool(load_config(None, None, [], base=base, default=default).sampling.window)
+    keys = [key for _, _, key in _keys(Config)] + _plan_keys(windowed)
     refused = _fuzz(monkeypatch, capsys, tmp_path, program, default, extra, keys)
     assert _stated(rf"{world}:\s+(\d+)\s+keys,\s+(\d+)\s+bad\s+values\s+refused") == (len(keys), refused), \
         (world, len(keys), refused)
@@ -209,12 +207,11 @@ PRESET_NAMES = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml")
 
 @pytest.mark.slow
 def test_every_presets_plan_and_window_keys_fuzzed_end_in_one_line(tmp_path, capsys, monkeypatch):
-    """With each preset (the image world), every plan and window key its method, its file and its recipes set, fuzzed
-    as above; docs/errors.md states the total."""
+    """With each preset (the image world), every plan and window key its file and its recipes set, fuzzed as above;
+    docs/errors.md states the total."""
     total_keys = total_refused = 0
     for preset in PRESET_NAMES:
-        method = load_config(preset, None, []).sampling.method
-        keys = _plan_keys(method, preset)
+        keys = _plan_keys(preset=preset)
         total_refused += _fuzz(monkeypatch, capsys, tmp_path / preset, "train_t2i.py", "default", ["--preset", preset],
                                keys)
         total_keys += len(keys)

@@ -258,8 +258,8 @@ def test_the_truncated_logit_normal_is_the_logit_normal_restricted_to_the_range(
 # composition: presets x model configs, forward-process learners x window and tree plans
 # ------------------------------------------------------------------------------------------------
 def test_every_preset_composes_with_every_model_config():
-    from flowgrpo.config import load_config
-    from flowgrpo.models.config import _VIDEO_FAMILIES
+    from flowgrpo.config import load_config, preset_plan
+    from flowgrpo.models.families import FAMILIES
     from flowgrpo.run.paths import configs_dir
 
     presets = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
@@ -267,24 +267,44 @@ def test_every_preset_composes_with_every_model_config():
     assert {"diffusion_nft", "awm", "dgpo"} <= set(presets) and {"sd3_5_medium", "flux_dev", "wan2_1_t2v_1_3b"} <= set(models)
     for model in models:
         family = load_config(None, model, []).model.family
-        default = "default_t2v" if family in _VIDEO_FAMILIES else "default"
+        default = "default_t2v" if FAMILIES[family].modality == "video" else "default"
         extra = ["rewards=[{name: analytic_hit}]", "prompts=analytic-train", "eval.reward=analytic_hit"] if family == "analytic" else []
         for preset in presets:
             cfg = load_config(preset, model, extra, default=default)
-            assert cfg.model.family == family and cfg.sampling.method
+            # the preset's whole plan (its recipe may change keys of it), with a moving window where it writes one
+            assert cfg.model.family == family and {"num_steps", "kernel"} <= set(cfg.sampling.plan)
+            assert bool(cfg.sampling.window) == (preset_plan(preset)[1] is not None), (preset, model)
 
 
-@pytest.mark.parametrize("method, plan", [("mixgrpo", "{group_size: 4, num_steps: 8}"),  # its window moves every iteration
-                                          ("branchgrpo", "{group_size: 1, num_steps: 8, splits: [0, 3]}")])
+# the learner presets' plan (DPM-Solver++(2M), independent noise) merges under these: solver and initial_noise are set back
+# to compose_plan's defaults (Euler, a group's shared x_T), which MixGRPO's and BranchGRPO's plans take
+WINDOW_AND_TREE_PLANS = {
+    "mixgrpo": ["sampling.plan={num_steps: 8, kernel: flow_sde, eta: 0.7, group_size: 4, solver: euler, "
+                "initial_noise: shared}",
+                "sampling.window={size: 4, strategy: progressive, interval: 1, stride: 1}"],  # moves every iteration
+    "branchgrpo": ["sampling.plan={num_steps: 8, kernel: dance_sde, eta: 0.3, splits: [0, 3], branch_factor: 2, "
+                   "group_size: 1, solver: euler, initial_noise: shared}"],
+}
+
+
+@pytest.mark.parametrize("method", sorted(WINDOW_AND_TREE_PLANS))
 @pytest.mark.parametrize("learner", ["diffusion_nft", "awm", "dgpo"])
-def test_forward_learners_train_on_window_and_tree_plans(learner, method, plan, tmp_path):
+def test_forward_learners_train_on_window_and_tree_plans(learner, method, tmp_path):
     """A forward-process learner takes the leaves of any plan: an SDE window for exploration (MixGRPO's, which
     moves), or a BranchGRPO tree whose 4 leaves per prompt form the group (depth-wise leaf advantages). Tied groups
     train (A = 0) so that every leaf counts (skipping them: tests/engine/test_tied_and_diverse.py)."""
-    trainer = analytic_trainer(tmp_path, learner, f"sampling.method={method}", f"sampling.plan={plan}", "train.iterations=3",
+    trainer = analytic_trainer(tmp_path, learner, *WINDOW_AND_TREE_PLANS[method], "train.iterations=3",
                                "learner.train_times=2", "learner.time_min=0.0", "eval.every=0", "log.samples_every=0",
-                               "advantage.tied_groups=train",
-                               "log.gallery=false", *(["sampling.window.interval=1"] if method == "mixgrpo" else []))
+                               "advantage.tied_groups=train", "log.gallery=false")
+    schedule = trainer.schedule  # the plan the config builds (its positions read without moving the window)
+    if method == "mixgrpo":
+        assert schedule.window.interval == 1 and schedule.window.size == 4
+        plan = schedule.plan_at(1)
+        assert [i for i, s in enumerate(plan.steps) if s.stochastic] == [1, 2, 3, 4]
+    else:
+        plan = schedule.plan_at(None)
+        assert schedule.window is None and plan.counts()["leaves"] == 4
+    assert {s.solver for s in plan.steps} == {"euler"}  # not the learner presets' DPM-Solver++(2M)
     before = [p.detach().clone() for p in trainer.policy.params]
     last = trainer.train()
     assert last["trained_samples"] == 8 * 4 and torch.isfinite(torch.tensor(last["loss"]))
@@ -297,7 +317,7 @@ def test_awm_trains_on_sa_solver_rollouts(tmp_path):
     analytic world through the trainer: the plan the config builds, one model call a step, every leaf trained, the
     weights move."""
     plan = "{group_size: 4, num_steps: 8, solver: sa_solver, sa_tau: 0.4, sa_tau_window: [0.3, 0.9], grid_ends: awm}"
-    trainer = analytic_trainer(tmp_path, "awm", "sampling.method=ode", f"sampling.plan={plan}", "train.iterations=2",
+    trainer = analytic_trainer(tmp_path, "awm", f"sampling.plan={plan}", "train.iterations=2",
                                "learner.train_times=2", "learner.time_min=0.0", "advantage.tied_groups=train",
                                "eval.every=0", "log.samples_every=0", "log.gallery=false")
     plan_0 = trainer.schedule.plan(0)

@@ -78,7 +78,7 @@ def test_the_controls_cover_every_learner_and_credit_rule():
     learners, rules = set(), set()
     for preset in CONTROLS:
         cfg = load_config(preset, None, [], base=str(configs_dir() / "analytic.yaml"))
-        plan = samplers.method_schedule(cfg.sampling.method, plan=dict(cfg.sampling.plan)).plan(0)
+        plan = samplers.build_schedule(dict(cfg.sampling.plan), dict(cfg.sampling.window) or None).plan(0)
         learners.add(cfg.learner.name)
         rules.add("tree" if plan.branches else "siblings" if any(s.side for s in plan.steps) else "group")
     assert learners == {"transition", "diffusion_nft", "awm", "dgpo"} and rules == {"group", "tree", "siblings"}
@@ -207,8 +207,8 @@ def test_kl_regularised_flow_grpo_maximises_the_true_objective(tmp_path):
     assert j[1.0] > j[0.5] + 0.01 and j[1.0] > j[2.0] + 0.01, j
     # the trained mode masses, from the training plan's own SDE rollouts (fresh, independent x_T)
     cond = trainer.model.encode_prompts(SINGLE_MODES)
-    fresh = samplers.compose_plan(**{**samplers.METHOD_PRESETS["flow_grpo"]["plan"], **dict(trainer.cfg.sampling.plan),
-                                     "group_size": 2000, "initial_noise": "independent", "shift": trainer.model.shift})
+    fresh = samplers.compose_plan(**{**dict(trainer.cfg.sampling.plan), "group_size": 2000, "initial_noise": "independent",
+                                     "shift": trainer.model.shift})
     with torch.no_grad():
         ends = samplers.sample_endpoints(trainer.model.velocity_fn(cond), fresh, prompt_ids=[0, 1, 2, 3],
                                          latent_shape=(2,), seed=11)

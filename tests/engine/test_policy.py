@@ -145,25 +145,35 @@ def test_the_learner_registry_and_the_config_name_the_same_learners():
     assert sorted(LEARNERS) == sorted(LEARNER_NAMES)
 
 
-def test_a_method_has_one_name_its_preset_files():
-    """Every rollout plan but the forward learners' `ode` is named as its preset file; a preset rolls out
-    with its own plan, `ode`, or another preset's (GRPO-Guard uses Flow-GRPO's rollout)."""
+def test_a_method_is_its_preset_file():
+    """A preset file writes its whole rollout plan: compose_plan's arguments under sampling.plan and, where the SDE
+    window moves, WindowSchedule's under sampling.window; no key names a method elsewhere, and every plan builds.
+    GRPO-Guard rolls out with Flow-GRPO's plan, AWM with DiffusionNFT's (DPM-Solver++(2M) ODE)."""
     import samplers
+    from flowgrpo.config import preset_names, preset_plan
     from flowgrpo.run.paths import configs_dir
 
     presets = {p.stem: yaml.safe_load(p.read_text()) for p in (configs_dir() / "presets").glob("*.yaml")}
-    plans = set(samplers.METHOD_PRESETS) - {"ode"}
-    assert plans <= set(presets), f"plans without a preset of their name: {sorted(plans - set(presets))}"
+    assert sorted(presets) == preset_names() and len(presets) == 14
+    windowed = set()
     for name, preset in presets.items():
-        method = preset["sampling"]["method"]
-        assert method in (name, "ode") or method in presets, f"{name}.yaml rolls out with {method!r}"
-        assert samplers.method_schedule(method).plan(0).name == method
+        assert "method" not in preset["sampling"], f"{name}.yaml still names a method (sampling.method)"
+        plan, window = preset_plan(name)
+        assert plan == preset["sampling"]["plan"] and {"num_steps", "kernel", "group_size"} <= set(plan), name
+        if window is not None:
+            windowed.add(name)
+        assert samplers.build_schedule(plan, window, name=name).plan(0).name == name
+    assert windowed == {"flow_grpo_fast", "mixgrpo", "mixgrpo_flash", "mixgrpo_flash_star", "branchgrpo_mix"}
+    assert preset_plan("grpo_guard") == preset_plan("flow_grpo") and preset_plan("awm") == preset_plan("diffusion_nft")
+    assert preset_plan("diffusion_nft")[0] == dict(num_steps=10, kernel="ode", solver="dpmpp_2m", group_size=24,
+                                                   initial_noise="independent")
 
 
 @pytest.mark.parametrize("preset, says, never", [("diffusion_nft", "training draws (t, ε) per sample: 9", "transitions"),
                                                  ("flow_grpo", "trained transitions per prompt: ", "draws")])
 def test_start_up_lines_say_what_the_learner_trains(preset, says, never, tmp_path):
-    from flowgrpo.config import describe_batches, load_config
+    from flowgrpo.config import load_config
+    from flowgrpo.engine.rollout import describe_batches
     from flowgrpo.engine.trainer import Trainer
     from flowgrpo.run.paths import configs_dir
 

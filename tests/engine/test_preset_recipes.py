@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from flowgrpo.config import ConfigError, is_real_model, load_config
-from flowgrpo.models.config import _VIDEO_FAMILIES
+from flowgrpo.models.families import FAMILIES
 from flowgrpo.run.paths import configs_dir
 
 PRESETS = sorted(p.stem for p in (configs_dir() / "presets").glob("*.yaml"))
@@ -27,7 +27,7 @@ def test_every_preset_composes_with_every_real_model_and_each_reward_its_recipe_
     recipe = OmegaConf.load(configs_dir() / "presets" / f"{preset}.yaml")
     rewards = sorted((recipe.get("recipe_by_reward") or {}).keys())
     for model in MODELS:
-        default = "default_t2v" if _family(model) in _VIDEO_FAMILIES else "default"
+        default = "default_t2v" if FAMILIES[_family(model)].modality == "video" else "default"
         for reward in [None, *rewards]:
             names = ["pickscore", "hpsv2"] if reward == "several" else [reward] if reward else []
             extra = ["rewards=[" + ", ".join(f"{{name: {n}}}" for n in names) + "]"] if names else []
@@ -50,7 +50,7 @@ def test_the_tiny_worlds_settings_never_reach_a_real_model():
 
 
 def test_a_familys_recipe_sets_how_the_paper_ran_the_model_and_overrides_still_win(tmp_path):
-    """The model config comes before the paper's recipe (flowgrpo/config.py: load_config), so a family's recipe sets
+    """The model config comes before the paper's recipe (flowgrpo/config/load.py: load_config), so a family's recipe sets
     the paper's model keys (128 T5 tokens, full fine-tuning at 720 px) over the model config's generic ones; the
     command line wins over both; a preset whose general or per-reward recipe sets model keys (which would reach every
     family) is refused, and so is a KL with no reference loaded."""

@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flowgrpo.config import ConfigError, learning_rate_at, load_config
+from flowgrpo.config import ConfigError, load_config
+from flowgrpo.engine.optim import learning_rate_at
 from flowgrpo.engine.trainer import Trainer
 from train_fixtures import PLUGIN_REWARD, overrides
 
@@ -91,12 +92,12 @@ def test_the_trainer_follows_the_schedule(tiny_sd3_dir, tmp_path):
         (["sampling.plan.group_size=1"], "group_size=1"),
         (["train.prompts_per_iteration=3", "sampling.batches_per_iteration=2"], "not divisible"),
         (["loss.ratio=magic"], "loss.ratio='magic' is not allowed"),
-        (["sampling.method=nope"], "sampling.method='nope' is unknown"),
-        (["sampling.method=dance_grpo"], "it is called 'dancegrpo' now (as its preset, --preset dancegrpo)"),
         (["model.pretrained=./does/not/exist"], None),  # checked at load time, below
         (["train.iterations"], "is not key=value"),
         (["learner.name=ppo"], "learner.name='ppo' is unknown"),
-        (["learner.name=transition", "sampling.method=ode"], "leaves the transition learner nothing to train"),
+        (["learner.name=transition", "sampling.plan.kernel=ode"],
+         "sampling.plan.kernel=ode rolls out with ODE steps only (no side_steps), which leaves the transition learner "
+         "nothing to train"),
         (["rewards=[{name:toy}]"], "write each reward as {name: NAME, weight: W}"),
         (["learner.name=dgpo", "learner.share_draws=sample"], "set learner.share_draws=group"),
         (["learner.time_min=0.9", "learner.time_max=0.5"], "learner.time_min=0.9 < learner.time_max=0.5 is needed"),
@@ -110,6 +111,15 @@ def test_bad_configs_name_the_fix(args, message):
         return
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(None, None, args)
+
+
+def test_the_retired_method_key_and_an_old_preset_name_name_the_fix():
+    """sampling.method is gone (a preset's file is its whole method); an old method name as --preset names the new."""
+    with pytest.raises(ConfigError, match=r"^sampling.method is gone: a preset's file is its whole method, .*--preset NAME"):
+        load_config(None, None, ["sampling.method=flow_grpo"])
+    with pytest.raises(ConfigError, match=r"^preset 'dance_grpo' is called 'dancegrpo' now \(--preset dancegrpo\)$"):
+        load_config("dance_grpo", None, [])
+    assert load_config("dancegrpo", None, []).sampling.plan["kernel"] == "dance_sde"
 
 
 def test_missing_model_and_unknown_reward_fail_clearly(tiny_sd3_dir, tmp_path):

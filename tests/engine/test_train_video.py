@@ -1,4 +1,4 @@
-"""Text-to-video GRPO end to end on a tiny random Wan (5-D latents): several method presets train with
+"""Text-to-video GRPO end to end on a tiny random Wan (5-D latents): a transition, a tree and a forward-process preset train with
 ratio == 1 at inner epoch 0, samples are written as H.264 MP4s with a poster PNG per manifest line,
 the held-out evaluation scores videos; train_t2v.py's default config loads, and a missing tiny-wan
 asset names the command that builds it."""
@@ -10,18 +10,16 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from flowgrpo.config import ConfigError, load_config
+from flowgrpo.config import ConfigError, load_config, preset_plan
 from flowgrpo.engine.trainer import Trainer
 from train_fixtures import PLUGIN_REWARD, VIDEO_PLUGIN_REWARD, overrides, train_and_check
 
+# a transition and a forward-process preset on 5-D latents, and a tree (split noise of a video's shape); every preset
+# runs on the tiny SD3 (test_train_presets.py): the engine path is the same, only the latents' rank differs
 PRESETS = {  # the image tests' small structures (tests/engine/test_train_presets.py)
     "flow_grpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4},
-    "mixgrpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 8, "sampling.window.interval": 1},
     "branchgrpo": {"sampling.plan.num_steps": 8, "sampling.plan.splits": "[0,3]"},
-    "sage": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "loss.anchor_refresh": 1},
     "diffusion_nft": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
-    "awm": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
-    "dgpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2, "learner.time_min": 0.5},
 }
 VIDEO = {  # the video default's prompts and held-out reward, 5-frame clips (fast); samples and checkpoint at the
     # last iteration only (each MP4 is an ffmpeg process); the gallery is built in the flow_grpo case only
@@ -88,11 +86,15 @@ def test_default_t2v_config_loads_and_composes():
     assert (cfg.model.family, cfg.model.pretrained, cfg.model.num_frames, cfg.model.finetune) == ("wan", "tiny-wan", 9, "lora")
     assert cfg.prompts == "toy-video-train" and [r.name for r in cfg.rewards] == ["toy_video"]
     assert (cfg.eval.prompts, cfg.eval.reward) == ("toy-video-eval", "toy_video")
-    assert cfg.sampling.method == "ode" and cfg.learner.name == "diffusion_nft" and cfg.sampling.plan["group_size"] == 8
+    # DiffusionNFT's preset (its DPM-Solver++(2M) ODE plan) with the default's 6 steps and groups of 8
+    assert dict(cfg.sampling.plan) == {**preset_plan("diffusion_nft")[0], "num_steps": 6, "group_size": 8}
+    assert cfg.learner.name == "diffusion_nft" and not cfg.sampling.window
     assert cfg.run_name == "tiny-wan-toy-video"
     # presets, model configs and overrides compose on top, as for images
     cfg = load_config("mixgrpo", "wan2_1_t2v_1_3b", ["train.iterations=3"], default="default_t2v")
-    assert cfg.sampling.method == "mixgrpo" and cfg.model.num_frames == 81 and cfg.train.iterations == 3
+    plan, window = preset_plan("mixgrpo")  # MixGRPO's plan and moving window, under its recipe's additions
+    assert plan.items() <= dict(cfg.sampling.plan).items() and window.items() <= dict(cfg.sampling.window).items()
+    assert cfg.model.num_frames == 81 and cfg.train.iterations == 3
     assert cfg.rewards[0].name == "toy_video"
     assert load_config(None, None, None).model.family == "sd3"  # the image default is unchanged
     with pytest.raises(ConfigError, match="configs/"):

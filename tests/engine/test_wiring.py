@@ -392,3 +392,33 @@ def test_micro_batches_hold_every_row_once_within_the_limit(tmp_path, preset, li
     where = {(m.sample.leaf, k): n for n, part in enumerate(probe) for m in part for k in m.draws}
     assert len(where) == 6 * K and all(len({where[i, k] for i in members for k in range(K)}) == 1
                                        for members in by_group.values())
+
+
+# ------------------------------------------------------------------------------------------------
+# 7. the one update loop (Learner.update, flowgrpo/engine/learners/base.py)
+# ------------------------------------------------------------------------------------------------
+def test_the_loop_takes_every_step_and_reads_the_contract_at_the_first(tmp_path):
+    """``Learner.update`` takes inner_epochs × updates_per_epoch optimizer steps, and reads the ratio == 1 contract
+    at the first step of inner epoch 0 only: θ is moved by hand after that step, so every later step of AWM sees
+    ρ = exp(ℓ_θ − ℓ_old) ≠ 1 (its mean |ρ − 1| is logged), while the contract stays exactly 0.
+    Catches: an inner epoch or an update skipped, the contract read over every step."""
+    trainer = hand_trainer(tmp_path, "awm", "learner.train_times=2", "learner.kl_coef=0.0",
+                           "learner.awm.ema_kl_coef=0.0", "train.inner_epochs=2", "train.updates_per_epoch=2")
+    policy = trainer.policy
+    set_velocity(trainer, policy.params, [0.5, 0.5])
+    draws = ([0.5, 0.25], [[1.0, 0.0], [0.0, 1.0]])
+    leaves = [(0, 0, [0.0, 0.0], 1.0, *draws), (0, 0, [0.5, 0.0], -1.0, *draws),
+              (1, 0, [0.5, 0.5], 0.5, *draws), (1, 0, [0.0, 0.5], -0.5, *draws)]
+    step, taken = policy.step, []
+
+    def step_then_move(prompts):
+        out = step(prompts)
+        taken.append(prompts)
+        set_velocity(trainer, policy.params, [0.75, 0.25])  # θ leaves the rollout's weights after the first step
+        return out
+
+    policy.step = step_then_move
+    metrics = trainer.learner.update(hand_rollouts(trainer, leaves))
+    assert len(taken) == 4 and metrics["skipped_steps"] == 0  # 2 epochs x 2 updates, each one group of one prompt
+    assert metrics["max_abs_ratio_minus_1_epoch0"] == 0.0
+    assert metrics["awm/max_abs_ratio_minus_1"] > 0.0

@@ -232,32 +232,6 @@ def test_dev_lora_loads_into_the_pipeline(dev_folder, tmp_path):
 # ----------------------------------------------------------------------------- the trainer
 
 
-def _train(preset, folder, tmp_path, family, guidance_scale, text=16, **extra):
-    from flowgrpo.config import load_config
-    from train_fixtures import PLUGIN_REWARD, overrides, train_and_check
-
-    settings = {"model.family": family, "sampling.plan.group_size": 2, "sampling.plan.num_steps": 4,
-                "model.max_sequence_length": text, "model.guidance_scale": guidance_scale, **extra}
-    cfg = load_config(preset, None, overrides(folder, tmp_path, **settings), base=PLUGIN_REWARD)
-    train_and_check(cfg)
-
-
-def test_klein_trains_with_flow_grpo(klein_folder, tmp_path):
-    _train("flow_grpo", klein_folder, tmp_path, "flux2_klein", 4.0)
-
-
-@pytest.mark.slow
-def test_klein_trains_with_diffusion_nft(klein_folder, tmp_path):
-    _train("diffusion_nft", klein_folder, tmp_path, "flux2_klein", 4.0, **{"learner.train_times": 2})
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("preset", ["flow_grpo", "diffusion_nft"])
-def test_dev_trains(preset, dev_folder, tmp_path):
-    extra = {"learner.train_times": 2} if preset == "diffusion_nft" else {}
-    _train(preset, dev_folder, tmp_path, "flux2", 4.0, text=DEV_TEXT, **extra)
-
-
 # ----------------------------------------------------------------------------- the published architectures
 
 

@@ -1,4 +1,4 @@
-"""The memory plan (flowgrpo/models/memory.py, ``flowgrpo plan``): hand-computed cases, exact parameter counts
+"""The memory plan (flowgrpo/memory/, ``flowgrpo plan``): hand-computed cases, exact parameter counts
 from configurations alone, the activation inventory against what autograd really saves, the command, and the
 published sizes of the real models."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flowgrpo.models.config import validate_model_config
-from flowgrpo.models.memory import (
+from flowgrpo.memory import (
     Architecture,
     Block,
     Component,
@@ -216,7 +216,7 @@ def _model(family: str, finetune: str, dtype: str):
         model.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=targets))
         for p in model.parameters():
             if p.requires_grad:
-                p.data = p.data.float()  # LoRA trains in float32 (flowgrpo/models/base.py, cast_training_params)
+                p.data = p.data.float()  # LoRA trains in float32 (flowgrpo/models/trainable.py, cast_training_params)
     model.train()
     return architecture_from_configs(family, {"transformer": transformer, "vae": vae}), cfg, targets, model
 

@@ -1,4 +1,4 @@
-"""The memory check before the first rollout (flowgrpo/models/memory.py, ``check_before_rollout``): the iteration's
+"""The memory check before the first rollout (flowgrpo/memory/check.py, ``check_before_rollout``): the iteration's
 planned memory per GPU against what the device has, read from the loaded pipeline's own configurations. The device
 is a CUDA one whose free memory is set by the test (torch.cuda.mem_get_info patched), so it runs on any CPU."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from flowgrpo.config import load_config
-from flowgrpo.models.memory import (GIB, PLAN_OVER_MEASURED, architecture_from_configs, check_before_rollout,
-                                    memory_verdict, pipeline_configs, plan)
+from flowgrpo.memory import (GIB, PLAN_OVER_MEASURED, architecture_from_configs, check_before_rollout,
+                             memory_verdict, pipeline_configs, plan)
 from flowgrpo.run.errors import UserError
 
 
@@ -81,7 +81,7 @@ def test_other_devices_and_families_without_an_inventory_are_not_checked(monkeyp
 
 def test_the_loaded_pipeline_reads_as_its_folder_does(setup, tiny_sd3_dir):
     """pipeline_configs: the same architecture (components, parameters, linears, blocks) as the folder's files."""
-    from flowgrpo.models.memory import read_architecture
+    from flowgrpo.memory import read_architecture
 
     cfg, model, _ = setup
     loaded = architecture_from_configs("sd3", pipeline_configs(model.pipeline))
@@ -92,7 +92,7 @@ def test_the_loaded_pipeline_reads_as_its_folder_does(setup, tiny_sd3_dir):
 
 def test_on_the_cpu_the_host_memory_is_the_device(setup):
     """A CPU run is checked against the host's available memory (Linux /proc/meminfo): the tiny model's plan fits."""
-    from flowgrpo.models.memory import host_memory
+    from flowgrpo.memory import host_memory
 
     cfg, model, _ = setup
     if host_memory() is None:

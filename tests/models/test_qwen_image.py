@@ -245,20 +245,6 @@ def test_gradient_checkpointing_and_bfloat16(folder):
     assert (v16 - v32).abs().max() < 0.1 * v32.abs().max()  # bf16 rounding (3 significant digits), not a mismatch
 
 
-@pytest.mark.parametrize("preset", ["flow_grpo", pytest.param("diffusion_nft", marks=pytest.mark.slow)])
-def test_trains_end_to_end(folder, tmp_path, preset):
-    from flowgrpo.config import load_config
-    from train_fixtures import PLUGIN_REWARD, overrides, train_and_check
-
-    extra = {"model.family": "qwen_image", "sampling.plan.group_size": 2, "sampling.plan.num_steps": 4,
-             "model.max_sequence_length": 16, "model.guidance_scale": 4.0}
-    if preset == "diffusion_nft":
-        extra["learner.train_times"] = 2
-    cfg = load_config(preset, None, overrides(folder, tmp_path, **extra), base=PLUGIN_REWARD)
-    trainer, _, _ = train_and_check(cfg)
-    assert isinstance(trainer.model, QwenImageModel)
-
-
 @pytest.mark.slow
 def test_published_architecture_builds_at_depth_one():
     """configs/models/architectures/qwen_image/ builds the real classes at real width (one block, one text layer)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flowgrpo.models import load_model
-from flowgrpo.models.config import WAN_LORA_TARGETS
+from flowgrpo.models.families import FAMILIES
 from flowgrpo.tiny import TinyWanSizes, build_t5_tokenizer, build_tiny_wan_pipeline
 from model_helpers import latents, load_family, perturb_lora  # noqa: E402
 from tolerance import assert_close_ulps  # noqa: E402
@@ -176,7 +176,7 @@ def test_lora_targets_every_attention_projection_and_all_get_gradients(wan_folde
 
     only_self = load(wan_folder, lora_target_modules=["attn1.to_q", "attn1.to_v"])  # an explicit list is kept
     assert len(only_self.trainable_parameters()) == 2 * 2 * 2
-    assert tuple(model._lora_targets()) == WAN_LORA_TARGETS
+    assert tuple(model._lora_targets()) == FAMILIES["wan"].lora_targets == ("to_q", "to_k", "to_v", "to_out.0")
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(wan_folder):

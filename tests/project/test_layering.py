@@ -23,7 +23,7 @@ MAY_IMPORT = {
 FLOWGRPO_LAYERS = {
     "flowgrpo": 0, "flowgrpo.run": 0,
     "flowgrpo.models": 1, "flowgrpo.likelihood": 1, "flowgrpo.data": 1,
-    "flowgrpo.config": 2, "flowgrpo.evaluate": 2,
+    "flowgrpo.config": 2, "flowgrpo.evaluate": 2, "flowgrpo.memory": 2,
     "flowgrpo.engine": 3,
     "flowgrpo.tiny": 4,
     "flowgrpo.cli": 5,
@@ -165,8 +165,8 @@ def test_the_import_graph_has_no_circle(graph):
 def test_the_plan_is_asked_not_rederived():
     """plan_arguments (the config's view of the plan) is read by the config code alone; the loop asks the plan."""
     users = [str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
-             if "plan_arguments" in p.read_text() and p != ROOT / "flowgrpo" / "config.py"]
-    assert not users, f"plan_arguments outside flowgrpo/config.py: {users}"
+             if "plan_arguments" in p.read_text() and p.parent != ROOT / "flowgrpo" / "config"]
+    assert not users, f"plan_arguments outside flowgrpo/config/: {users}"
 
 
 def test_the_trainer_reads_like_a_recipe():

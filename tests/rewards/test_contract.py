@@ -129,9 +129,9 @@ def test_out_of_tree_plugin_by_dotted_path(monkeypatch):
     for path in ("my_plugins:Bright", "my_plugins.Bright"):
         reward = load_reward(path, offset=1.0)
         assert isinstance(reward, MeanBrightness) and reward.offset == 1.0
-    with pytest.raises(TypeError, match="not a rewards.base.Reward subclass"):
+    with pytest.raises(ValueError, match="is not a reward: name a rewards.base.Reward subclass"):
         load_reward("my_plugins:NotAReward")
-    with pytest.raises(ValueError, match="cannot load reward 'my_plugins:Missing'"):
+    with pytest.raises(ValueError, match="cannot import reward 'my_plugins:Missing'"):
         load_reward("my_plugins:Missing")
     with pytest.raises(ValueError, match="unknown reward 'nope'.*dotted path"):
         load_reward("nope")

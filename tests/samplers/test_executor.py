@@ -17,12 +17,13 @@ from samplers import (
     compose_plan,
     kernel_coefficients,
     log_prob,
+    build_schedule,
     make_generator,
-    method_schedule,
     rollout,
     sample_endpoints,
     score_transitions,
 )
+from flowgrpo.config import preset_plan
 from samplers.grids import STREAM_INITIAL_NOISE, STREAM_STEP_NOISE
 
 
@@ -218,7 +219,7 @@ def test_sample_endpoints_matches_the_full_rollout():
 
 
 def test_video_latents_and_conditioning_rows():
-    plan = method_schedule("branchgrpo", plan={"num_steps": 6, "splits": (0, 2)}).plan(0)
+    plan = build_schedule({**preset_plan("branchgrpo")[0], "num_steps": 6, "splits": (0, 2)}).plan(0)
     seen = []
 
     def spy(x, sigma, cond_index):
@@ -293,7 +294,7 @@ def test_bad_inputs_raise_with_the_fix():
     with pytest.raises(ValueError, match="per-sample shape"):
         rollout(velocity, plan, prompt_ids=[0], latent_shape=(), seed=0)
     with pytest.raises(TypeError, match="samplers.Plan"):
-        rollout(velocity, method_schedule("flow_grpo"), prompt_ids=[0], latent_shape=(2,), seed=0)
+        rollout(velocity, build_schedule(preset_plan("flow_grpo")[0]), prompt_ids=[0], latent_shape=(2,), seed=0)
 
 
 @pytest.mark.parametrize("plan", ["chain", "tree"])

@@ -1,4 +1,4 @@
-"""Plans, method presets and window schedules (samplers/plans.py, samplers/schedules.py).
+"""Plans, the method presets' plans and window schedules (samplers/plans.py, samplers/schedules.py).
 
 NFE and trained-transition counts are checked against the closed forms of docs/math.md §2, both from
 the plan and from what the executor actually does; window positions against the strategies' laws.
@@ -10,17 +10,39 @@ import math
 import pytest
 import torch
 
+from flowgrpo.config import preset_names, preset_plan
 from samplers import (
-    METHOD_PRESETS,
     Plan,
     StepSpec,
     WindowSchedule,
+    build_schedule,
     compose_plan,
     kernel_coefficients,
-    method_schedule,
     rollout,
     time_grid,
 )
+
+
+def preset_schedule(name, *, window=None, seed=0, **plan):
+    """The schedule of preset ``name``'s plan (configs/presets/<name>.yaml: sampling.plan, sampling.window) with
+    ``plan`` / ``window`` keys changed, as a run's config would change them."""
+    base, moving = preset_plan(name)
+    return build_schedule({**base, **plan}, {**moving, **(window or {})} if moving else window, seed=seed, name=name)
+
+
+def distinct_plans():
+    """One preset per distinct (plan, window) the presets write (flow_grpo and grpo_guard share theirs, diffusion_nft
+    and awm theirs: the DPM-Solver++(2M) ODE plan, named after diffusion_nft)."""
+    seen, names = [], []
+    for name in sorted(preset_names(), key=lambda n: n != "diffusion_nft"):
+        spec = preset_plan(name)
+        if spec not in seen:
+            seen.append(spec)
+            names.append(name)
+    return names
+
+
+PLAN_PRESETS = distinct_plans()
 
 
 def velocity(x, sigma, cond_index):
@@ -35,7 +57,7 @@ def run(plan, prompts=2, latent=(3, 2, 2), **kwargs):
 
 
 def test_branch_grpo_costs_203_forwards_for_16_leaves():
-    plan = method_schedule("branchgrpo").plan(0)
+    plan = preset_schedule("branchgrpo").plan(0)
     assert plan.counts()["nfe"] == 203 and plan.counts()["leaves"] == 16
     record = run(plan, prompts=3)
     assert record.nfe == {"rollout": 3 * 203} and record.num_leaves == 3 * 16
@@ -116,10 +138,10 @@ def test_flash_grid_has_l_plus_w_plus_compressed_tail_steps(T, start, w, ratio, 
 
 
 def test_flow_grpo_and_dance_grpo_training_sets():
-    flow = method_schedule("flow_grpo", plan={"group_size": 3}).plan(0)
+    flow = preset_schedule("flow_grpo", group_size=3).plan(0)
     assert [s.trained for s in flow.steps] == [True] * 9 + [False]  # ⌊10·0.99⌋ = 9
     assert flow.counts()["nfe"] == 30 and flow.counts()["trained"] == 27
-    dance = method_schedule("dancegrpo", plan={"group_size": 8}).plan(0)
+    dance = preset_schedule("dancegrpo", group_size=8).plan(0)
     subset = math.floor(15 * 0.6)
     assert dance.train_subset == subset == 9
     record = run(dance, prompts=2)
@@ -133,12 +155,12 @@ def test_flow_grpo_and_dance_grpo_training_sets():
 
 
 def test_flow_grpo_fast_window_is_redrawn_in_range():
-    schedule = method_schedule("flow_grpo_fast", plan={"group_size": 2}, seed=3)
+    schedule = preset_schedule("flow_grpo_fast", group_size=2, seed=3)
     starts = [schedule.window_start(n) for n in range(200)]
     assert set(starts) == {0, 1, 2, 3}  # [0, ⌊10/2⌋ − 2]
-    again = method_schedule("flow_grpo_fast", plan={"group_size": 2}, seed=3)
+    again = preset_schedule("flow_grpo_fast", group_size=2, seed=3)
     assert [again.window_start(n) for n in range(200)] == starts  # a pure function of (seed, n)
-    other = method_schedule("flow_grpo_fast", plan={"group_size": 2}, seed=4)
+    other = preset_schedule("flow_grpo_fast", group_size=2, seed=4)
     assert [other.window_start(n) for n in range(200)] != starts
     plan = schedule.plan(7)
     trained = [i for i, s in enumerate(plan.steps) if s.trained]
@@ -203,10 +225,10 @@ def test_schedule_state_round_trips():
         resumed = WindowSchedule(25, 4, strategy, interval=5, roll_back=True)
         resumed.load_state_dict(first.state_dict())
         assert [resumed.start_at(n) for n in range(136, 300)] == full[136:]
-    schedule = method_schedule("mixgrpo", window={"interval": 2})
+    schedule = preset_schedule("mixgrpo", window={"interval": 2})
     plans = [schedule.plan(n) for n in range(11)]
     state = schedule.state_dict()
-    fresh = method_schedule("mixgrpo", window={"interval": 2})
+    fresh = preset_schedule("mixgrpo", window={"interval": 2})
     fresh.load_state_dict(state)
     assert fresh.window_start(10) == schedule.window_start(10) == 5
     assert [i for i, s in enumerate(plans[10].steps) if s.trained] == [5, 6, 7, 8]
@@ -223,14 +245,15 @@ def test_plans_compose_tree_window_and_sage():
     assert plan.counts()["nfe"] == 203 and plan.counts()["leaves"] == 16
     record = run(plan)
     assert set(record.kernel_names()) == {"sage_sde"} and sorted(set(record.step.tolist())) == sde
-    preset = method_schedule("branchgrpo_mix", plan={"kernel": "sage_sde", "eta": 0.5}).plan(60)
+    preset = preset_schedule("branchgrpo_mix", kernel="sage_sde", eta=0.5).plan(60)
     assert [i for i, s in enumerate(preset.steps) if s.stochastic] == [0, 2, 3, 4, 5, 6, 9]
 
 
 def test_every_preset_builds_and_runs():
-    for name, preset in METHOD_PRESETS.items():
-        small = {"group_size": 2} if "group_size" in preset["plan"] else None
-        plan = method_schedule(name, plan=small).plan(0)
+    assert {"diffusion_nft", "flow_grpo", "mixgrpo", "tempflow"} <= set(PLAN_PRESETS)  # diffusion_nft: the ODE plan
+    for name in PLAN_PRESETS:
+        small = {"group_size": 2} if preset_plan(name)[0].get("group_size", 1) > 1 else {}
+        plan = preset_schedule(name, **small).plan(0)
         record = run(plan, prompts=1, latent=(2, 2))
         assert record.nfe["rollout"] == plan.counts()["nfe"]
         assert record.num_transitions == plan.counts()["trained"]
@@ -262,10 +285,10 @@ def test_bad_plans_raise_with_the_fix():
         compose_plan(10, splits=(0, 12))
     with pytest.raises(ValueError, match="chains only"):
         compose_plan(10, splits=(0,), train_subset_fraction=0.6)
-    with pytest.raises(ValueError, match="unknown method"):
-        method_schedule("grpo")
+    with pytest.raises(ValueError, match="bad window arguments.*sise"):
+        preset_schedule("mixgrpo", window={"sise": 2})
     with pytest.raises(ValueError, match="bad plan arguments.*windw"):
-        method_schedule("flow_grpo", plan={"windw": (0, 2)})
+        preset_schedule("flow_grpo", windw=(0, 2))
     with pytest.raises(ValueError, match="compressed post-window"):
         compose_plan(25, window=(0, 4), post_window_ratio=0.4, splits=(10,))
 
@@ -362,16 +385,18 @@ def test_every_plan_and_window_argument_declares_its_rule():
     plan_args = set(inspect.signature(compose_plan).parameters) - {"window", "name"}
     window_args = set(inspect.signature(WindowSchedule).parameters) - {"num_steps", "seed"}
     assert set(PLAN_RULES) == plan_args and set(WINDOW_RULES) == window_args
-    for name, preset in METHOD_PRESETS.items():
-        bad = [k for k, v in preset["plan"].items() if not PLAN_RULES[k].ok(v)]
-        bad += [k for k, v in (preset["window"] or {}).items() if not WINDOW_RULES[k].ok(v)]
+    assert len(preset_names()) == 14
+    for name in preset_names():
+        plan, window = preset_plan(name)
+        bad = [k for k, v in plan.items() if not PLAN_RULES[k].ok(v)]
+        bad += [k for k, v in (window or {}).items() if not WINDOW_RULES[k].ok(v)]
         assert not bad, (name, bad)
     assert not PLAN_RULES["group_size"].ok(True) and not PLAN_RULES["sa_corrector_order"].ok(False)  # no bools
 
 
-@pytest.mark.parametrize("name", sorted(METHOD_PRESETS))
+@pytest.mark.parametrize("name", PLAN_PRESETS)
 def test_the_closed_form_node_count_is_the_trees(name):
-    plan = method_schedule(name, plan={"group_size": 3}).plan(0)
+    plan = preset_schedule(name, group_size=3).plan(0)
     from samplers.tree import template_for
 
     assert plan.node_count() == int(template_for(plan).node_parent.numel())

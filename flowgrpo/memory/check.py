@@ -1,0 +1,98 @@
+"""Before the first rollout: the run's own iteration planned against the memory its device has.
+
+The trainer calls :func:`check_before_rollout` once the model is loaded: the plan (flowgrpo/memory/plan.py) of the
+loaded pipeline's own configurations and the run's settings, against a GPU's memory or, on the CPU, the host's. A
+run that cannot fit is refused with the numbers; one that fits only by the plan's overestimate is a warning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flowgrpo.memory.architecture import architecture_from_configs
+from flowgrpo.memory.plan import GIB, gib, plan, planned_families
+
+# the largest ratio of the plan to the measured peak on an H100 (docs/results/scaling.md): the plan errs on the
+# safe side, so a run is refused only when even the plan divided by it does not fit
+PLAN_OVER_MEASURED = 1.45
+
+
+def pipeline_configs(pipeline) -> dict[str, dict]:
+    """The component configurations of a loaded pipeline, as :func:`architecture_from_configs` reads them."""
+    import torch
+
+    configs = {}
+    for name, module in pipeline.components.items():
+        config = getattr(module, "config", None)
+        if not isinstance(module, torch.nn.Module):  # schedulers, tokenizers
+            continue
+        if isinstance(config, dict) and "_class_name" in config:  # a diffusers model
+            configs[name] = dict(config)
+        elif hasattr(config, "to_dict"):  # a transformers model
+            configs[name] = {**config.to_dict(), "architectures": [type(module).__name__]}
+    return configs
+
+
+def memory_verdict(planned: int, available: int) -> str:
+    """'fits' (the plan fits), 'tight' (only the plan's measured overestimate makes it fit) or 'no'."""
+    if planned <= available:
+        return "fits"
+    return "tight" if planned / PLAN_OVER_MEASURED <= available else "no"
+
+
+def host_memory() -> tuple[int, int] | None:
+    """(bytes the kernel says are available, bytes this process holds) on Linux; None elsewhere."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
+    resident = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return (available, resident) if available is not None else None
+
+
+def check_before_rollout(cfg, model, processes: int, sharded: bool, group: int, steps: int, warn) -> str | None:
+    """Compare the iteration's planned memory per device with what the device has (free, plus what this process
+    holds already: the loaded model), before the first rollout: a GPU's memory, or on the CPU the host's (Linux).
+    A run that cannot fit is refused (a UserError with the numbers and the keys to change); one that fits only by
+    the plan's overestimate is a warning. Families without an activation inventory (``planned_families``) are not
+    checked. Returns the verdict (None: unchecked)."""
+    import torch
+
+    device = torch.device(model.device)
+    if device.type not in ("cuda", "cpu") or cfg.model.family not in planned_families() or \
+            getattr(model, "pipeline", None) is None:
+        return None
+    from flowgrpo.run.errors import UserError
+
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        available = free + torch.cuda.memory_allocated(device)
+    else:
+        host = host_memory()
+        if host is None:
+            return None
+        available = host[0] + host[1]
+    arch = architecture_from_configs(cfg.model.family, pipeline_configs(model.pipeline), "the loaded pipeline")
+    result = plan(arch, cfg.model, processes, sharded, gpu_memory=available / GIB, group=group,
+                  micro_batch=cfg.train.micro_batch, steps=steps, margin=0.0,
+                  train_cfg=getattr(cfg.learner, "train_guidance", "conditional") != "conditional",
+                  optimizer=cfg.train.optimizer)
+    verdict = memory_verdict(result.total, available)
+    where = "GPU" if device.type == "cuda" else "process"
+    numbers = (f"the memory plan puts this iteration at {gib(result.total)} GiB per {where} (weights and optimizer "
+               f"{gib(result.fixed)} GiB, the group's rollout {gib(result.rollout_record + result.rollout_forward)} GiB, a "
+               f"training micro-batch {gib(result.training_activations)} GiB) and "
+               f"{'this GPU has' if device.type == 'cuda' else 'the host has'} {gib(available)} GiB")
+    fix = (f"lower sampling.plan.group_size (at most {result.max_group} fits) or train.micro_batch (at most "
+           f"{result.max_micro_batch}), enable model.gradient_checkpointing, or shard over more GPUs (docs/memory.md)"
+           + ("; or train a LoRA instead of every weight (model.finetune=lora model.reference=auto "
+              "train.learning_rate=3e-4)" if cfg.model.finetune == "full" else ""))
+    if verdict == "no":
+        raise UserError(f"this run cannot fit: {numbers}, less than the plan's {gib(result.total / PLAN_OVER_MEASURED)} GiB "
+                        f"lower bound; {fix}")
+    if verdict == "tight":
+        warn(f"memory is tight: {numbers}; it fits only if the plan overestimates (it has by up to "
+             f"{PLAN_OVER_MEASURED}x); if it runs out of memory, {fix}")
+    return verdict

@@ -1,0 +1,78 @@
+"""Text conditioning rows: what ``FlowModel.encode_prompts`` returns once per prompt, gathered per latent later
+(``Conditioning.select``), with the unconditional row classifier-free guidance batches as ``[uncond; cond]``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class Conditioning:
+    """Text conditioning for P prompts, computed once per prompt (rows are gathered per latent).
+
+    ``negative_*`` is the unconditional embedding (the empty prompt, as the pipelines use) for
+    classifier-free guidance: one row shared by every prompt, or None when the model runs no CFG.
+    """
+
+    prompt_embeds: torch.Tensor  # [P, L, D] text-token embeddings (SD3: CLIP-L|CLIP-G padded ++ T5 tokens; FLUX: T5)
+    pooled_prompt_embeds: Optional[torch.Tensor] = None  # [P, Dp] pooled (SD3: CLIP-L ++ CLIP-G; FLUX: CLIP-L)
+    negative_prompt_embeds: Optional[torch.Tensor] = None  # [1, L, D] unconditional ("" prompt) embeddings, or None
+    negative_pooled_prompt_embeds: Optional[torch.Tensor] = None  # [1, Dp] unconditional pooled embedding, or None
+    text_ids: Optional[torch.Tensor] = None  # [L, 3] FLUX text position ids (shared by all rows); None for SD3
+    # [P, L] which text tokens are real (1) or padding (0), for families whose transformer masks the text
+    # (Qwen-Image, Z-Image); None where the embeddings are used whole (SD3, FLUX, Wan)
+    prompt_mask: Optional[torch.Tensor] = None
+    negative_prompt_mask: Optional[torch.Tensor] = None  # [1, L] the unconditional row's mask, or None
+
+    def __len__(self) -> int:
+        return self.prompt_embeds.shape[0]
+
+    def select(self, index: torch.Tensor) -> Conditioning:
+        """Rows ``index`` ([N] long) for a batch of N latents; shared fields are kept as they are."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.prompt_embeds.device)
+        pooled, mask = self.pooled_prompt_embeds, self.prompt_mask
+        return replace(
+            self,
+            prompt_embeds=self.prompt_embeds.index_select(0, index),
+            pooled_prompt_embeds=None if pooled is None else pooled.index_select(0, index),
+            prompt_mask=None if mask is None else mask.index_select(0, index),
+        )
+
+    def to(self, device: torch.device | str) -> Conditioning:
+        def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return None if t is None else t.to(device)
+
+        return Conditioning(*(move(getattr(self, f.name)) for f in fields(self)))
+
+    def unconditional(self) -> Conditioning:
+        """The unconditional rows for this batch: the negative embedding repeated ``len(self)`` times."""
+        if self.negative_prompt_embeds is None:
+            raise ValueError(
+                "this Conditioning has no unconditional embedding; encode prompts with a model whose "
+                "guidance uses classifier-free guidance (SD3, or FLUX without guidance embeddings)"
+            )
+        n = len(self)
+        neg_pooled, neg_mask = self.negative_pooled_prompt_embeds, self.negative_prompt_mask
+        return Conditioning(
+            prompt_embeds=self.negative_prompt_embeds.expand(n, -1, -1),
+            pooled_prompt_embeds=None if neg_pooled is None else neg_pooled.expand(n, -1),
+            text_ids=self.text_ids,
+            prompt_mask=None if neg_mask is None else neg_mask.expand(n, -1),
+        )
+
+    def concat(self, other: Conditioning) -> Conditioning:
+        """Rows of ``self`` then rows of ``other`` (the CFG batch ``[uncond; cond]``)."""
+        pooled, mask = None, None
+        if self.pooled_prompt_embeds is not None:
+            pooled = torch.cat([self.pooled_prompt_embeds, other.pooled_prompt_embeds])
+        if self.prompt_mask is not None:
+            mask = torch.cat([self.prompt_mask, other.prompt_mask])
+        return replace(
+            self,
+            prompt_embeds=torch.cat([self.prompt_embeds, other.prompt_embeds]),
+            pooled_prompt_embeds=pooled,
+            prompt_mask=mask,
+        )

@@ -1,0 +1,94 @@
+"""The model families: one record each (``Family``), registered the same way for the built-in ones and a user's.
+
+A family is what ``model.family`` names: its adapter (a FlowModel subclass, imported on first use so that its
+optional dependencies stay optional), what it makes, the pipeline components whose published configs describe it
+(the memory plan and ``model.random_weights`` read them), the LoRA targets it trains by default, and whether the
+memory planner has an activation inventory of its blocks. Adding a family touches its adapter, its model config
+YAML (configs/models/) and one ``register_family(Family(...))`` (docs/models.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Optional
+
+# Flow-GRPO's LoRA targets: every attention projection of the joint (MM-DiT) blocks. The names are the same in SD3's
+# and FLUX's transformers (FLUX's single-stream blocks have no `to_out`). Also the schema default of
+# model.lora_target_modules, which stands for the family's own default.
+DEFAULT_LORA_TARGETS = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+)
+MODALITIES = ("image", "video", "vector")
+
+
+@dataclass(frozen=True)
+class Family:
+    """What flowgrpo knows of a model family besides its adapter's code."""
+
+    name: str
+    adapter: str  # "module:Class" of its FlowModel subclass
+    # what its model makes: "image" (decode -> [N, 3, H, W]), "video" (decode -> [N, F, 3, H, W]) or "vector"
+    modality: str = "image"
+    temporal_factor: Optional[int] = None  # video: the VAE's temporal compression (num_frames = k * factor + 1)
+    components: tuple[str, ...] = ()  # the pipeline components whose configs describe it (memory plan, random weights)
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS  # module-name suffixes LoRA wraps by default
+    # the memory planner's activation inventory of its blocks ("sd3", "flux", "wan": flowgrpo/memory/inventory.py); None:
+    # none, measure the family on a GPU (benchmarks/bench_memory.py)
+    memory_inventory: Optional[str] = None
+
+    def adapter_class(self) -> type:
+        """The FlowModel subclass (imported now)."""
+        module_name, class_name = self.adapter.split(":")
+        return getattr(importlib.import_module(module_name), class_name)
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> None:
+    """Add (or replace) a model family; its adapter may be given as the class itself."""
+    if not isinstance(family.adapter, str):
+        family = Family(**{**family.__dict__, "adapter": f"{family.adapter.__module__}:{family.adapter.__qualname__}"})
+    if family.modality not in MODALITIES:
+        raise ValueError(f"family {family.name!r}: modality={family.modality!r}; use one of {MODALITIES}")
+    if (family.modality == "video") != (family.temporal_factor is not None):
+        raise ValueError(f"family {family.name!r}: a video family gives its VAE's temporal_factor, an image family none")
+    FAMILIES[family.name] = family
+
+
+def families() -> list[str]:
+    return sorted(FAMILIES)
+
+
+# ----------------------------------------------------------------------------- the built-in families
+register_family(Family("sd3", "flowgrpo.models.sd3:SD3Model", memory_inventory="sd3",
+                       components=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae")))
+register_family(Family("flux", "flowgrpo.models.flux:FluxModel", memory_inventory="flux",
+                       components=("transformer", "text_encoder", "text_encoder_2", "vae")))
+# Wan's LoRA targets: the query/key/value/output projections of every self-attention (attn1) and cross-attention
+# (attn2) block, as diffusers' and DanceGRPO's Wan LoRA training choose. Wan2.2 A14B adds transformer_2.
+register_family(Family("wan", "flowgrpo.models.wan:WanModel", modality="video", temporal_factor=4, memory_inventory="wan",
+                       components=("transformer", "text_encoder", "vae"), lora_targets=("to_q", "to_k", "to_v", "to_out.0")))
+register_family(Family("qwen_image", "flowgrpo.models.qwen_image:QwenImageModel",
+                       components=("transformer", "text_encoder", "vae")))
+# FLUX.2's adapter adds its single-stream blocks' projections to these (flowgrpo/models/flux2.py)
+register_family(Family("flux2", "flowgrpo.models.flux2:Flux2Model", components=("transformer", "text_encoder", "vae")))
+register_family(Family("flux2_klein", "flowgrpo.models.flux2:Flux2KleinModel",
+                       components=("transformer", "text_encoder", "vae")))
+# diffusers' examples/dreambooth/train_dreambooth_lora_z_image.py default (--lora_layers unset): every attention
+# projection of ZImageTransformerBlock (the main layers and both refiners)
+register_family(Family("z_image", "flowgrpo.models.z_image:ZImageModel", components=("transformer", "text_encoder", "vae"),
+                       lora_targets=("to_k", "to_q", "to_v", "to_out.0")))
+# the Gaussian-mixture world with an exact velocity (docs/analytic_world.md): no pipeline, no LoRA
+register_family(Family("analytic", "flowgrpo.models.analytic:AnalyticModel", modality="vector"))
+
+
+__all__ = ["DEFAULT_LORA_TARGETS", "FAMILIES", "Family", "MODALITIES", "families", "register_family"]
