@@ -76,11 +76,42 @@ def test_the_forward_learners_never_compute_a_tied_sample_and_normalise_as_if_th
         if not s.tied:
             trained.setdefault(s.group, []).append(i)
     chunk = sorted(by_group)
-    parts = trainer.learner.pack(chunk, {g: trained.get(g, []) for g in chunk}, samples, 10**6)
+    # the learner's own steps and micro-batches (Learner.update's): the tied group is never computed
+    learner = trainer.learner
+    work = learner.prepare(Rollouts(0, plan, batches, skipped))
+    steps = list(learner.steps(work, 0))
+    parts = [part for step in steps for part in learner.micro_batches(work, step, False)]
     computed = {m.sample.group for part in parts for m in part}
     assert int(groups[0]) not in computed and len(computed) == len(chunk) - 1
     K = trainer.cfg.learner.train_times
-    assert trainer.learner.normalisation(samples, chunk, by_group) == len(samples) * K  # tied rows counted
+    assert [step.normaliser for step in steps] == [len(samples) * K]  # one update: tied rows counted
+    assert learner.normalisation(samples, chunk, by_group) == len(samples) * K
+
+
+def test_the_transition_learner_weighs_each_group_alike_and_each_step_by_its_share(tmp_path):
+    """loss.normalize=group: each group's trained transitions share 1/G of the iteration's loss whatever their number,
+    and a step's rows carry updates_per_epoch times their share (a step trains about 1/U of the groups); a sharded
+    process's filler carries none. Catches: the group count dropped from the normaliser, the factor U dropped, a
+    filler with weight."""
+    from flowgrpo.engine.learners import Rollouts
+
+    trainer, plan, batches, records = rollout(tmp_path, "flow_grpo", "train.prompts_per_iteration=4",
+                                              "train.updates_per_epoch=2")
+    groups = leaf_groups(batches, records)
+    r = torch.rand(len(groups), 1, generator=torch.Generator().manual_seed(1))
+    advantages, _ = assign(trainer, plan, batches, records, r)
+    learner = trainer.learner
+    work = learner.prepare(Rollouts(0, plan, batches, advantages))
+    share: dict[int, float] = {}
+    for row in work.rows:
+        share[row.group] = share.get(row.group, 0.0) + row.coef
+    assert len(share) == 4 and all(v == pytest.approx(0.25, rel=1e-12) for v in share.values())
+    part = learner.micro_batches(work, next(iter(learner.steps(work, 0))), False)[0]
+    seen = []
+    learner._micro_step = lambda rows, coefs, batches, report=True: seen.append(coefs) or (None, {})
+    learner.micro_loss(work, part, 0, True, True)
+    learner.micro_loss(work, part, 0, True, False)
+    assert seen[0] == [row.coef * 2 for row in part] and seen[1] == [0.0] * len(part)
 
 
 def test_diversity_scale_hand_cases():
