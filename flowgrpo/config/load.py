@@ -17,7 +17,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from flowgrpo.config.check import resolved_plan, validate
 from flowgrpo.config.schema import Config, ModelConfig, RewardSpec, to_yaml
-from flowgrpo.models.config import validate_model_config
+from flowgrpo.models.config import check_model_config
 from flowgrpo.run.errors import ConfigError
 from flowgrpo.run.paths import configs_dir
 
@@ -221,7 +221,7 @@ def resolve(preset: str | None = None, model: str | None = None, overrides: list
     if dotlist is not None:
         layers.append(("override", "command line", dotlist))
     cfg: Config = OmegaConf.to_object(_merge(schema, [layer for _, _, layer in layers], overrides))
-    cfg.model = validate_model_config(cfg.model)
+    cfg.model = check_model_config(cfg.model)  # keys and types checked by the merge above
     try:
         cfg.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in cfg.rewards]
     except TypeError:

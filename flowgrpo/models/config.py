@@ -115,7 +115,12 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or getattr(err, "key", None)
         raise ModelConfigError(f"bad model config value for '{key}': {err.msg if hasattr(err, 'msg') else err}") from None
-    config: ModelConfig = OmegaConf.to_object(merged)
+    return check_model_config(OmegaConf.to_object(merged))
+
+
+def check_model_config(config: ModelConfig) -> ModelConfig:
+    """Check every value of a ModelConfig whose keys and types OmegaConf has checked (a structured merge's, as the
+    run config's ``model``); ``validate_model_config`` does both for any input. Returns ``config``."""
 
     def bad(key: str, allowed: str) -> ValueError:
         return ModelConfigError(f"model config '{key}' is {getattr(config, key)!r}; allowed: {allowed}")
