@@ -22,13 +22,13 @@ from flowgrpo.config.load import (
     _resolve_yaml, is_real_model, load_config, preset_names, preset_plan, resolve,
 )
 from flowgrpo.config.schema import (
-    LEARNER_NAMES, AdvantageConfig, AWMConfig, Config, DGPOConfig, EvalConfig, LearnerConfig, LogConfig, LossConfig,
+    LEARNERS, AdvantageConfig, AWMConfig, Config, DGPOConfig, EvalConfig, LearnerConfig, LogConfig, LossConfig,
     NFTConfig, RewardSpec, SamplingConfig, SoftCopyConfig, TrainConfig, key, rules_of, schema_defaults, to_yaml,
 )
 from flowgrpo.run.errors import ConfigError
 
 __all__ = [
-    "AWMConfig", "AdvantageConfig", "Config", "ConfigError", "DGPOConfig", "EvalConfig", "LAYER_NAMES", "LEARNER_NAMES",
+    "AWMConfig", "AdvantageConfig", "Config", "ConfigError", "DGPOConfig", "EvalConfig", "LAYER_NAMES", "LEARNERS",
     "LearnerConfig", "LogConfig", "LossConfig", "MAX_ROLLOUT_NODES", "METHOD_SECTIONS", "NFTConfig", "RENAMED_METHODS",
     "RETIRED_KEYS", "Resolved", "RewardSpec", "SamplingConfig", "SoftCopyConfig", "TINY_WORLD_MODELS", "TrainConfig",
     "WORLD_BLOCKS", "check_plan", "check_rules", "is_real_model", "key", "load_config", "plan_arguments", "preset_names",

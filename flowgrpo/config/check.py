@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from flowgrpo.config.schema import LEARNER_NAMES, Config, rules_of
+from flowgrpo.config.schema import LEARNERS, Config, rules_of
 from flowgrpo.run.errors import ConfigError
 
 
@@ -51,8 +51,8 @@ def check_rules(section: Any, prefix: str = "") -> None:
 def validate(cfg: Config) -> None:
     """Check choices and batch arithmetic; errors print the numbers involved."""
     check_rules(cfg)
-    if cfg.learner.name not in LEARNER_NAMES:
-        raise ConfigError(f"learner.name={cfg.learner.name!r} is unknown; use one of {sorted(LEARNER_NAMES)}")
+    if cfg.learner.name not in LEARNERS:
+        raise ConfigError(f"learner.name={cfg.learner.name!r} is unknown; use one of {sorted(LEARNERS)}")
     if not cfg.rewards:
         raise ConfigError("rewards is empty; give at least one, e.g. rewards=[{name: toy}]")
     plan = check_plan(cfg)

@@ -283,8 +283,14 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
 
-# the learners of flowgrpo/engine/learners/ (its LEARNERS registry; tests/engine/test_policy.py keeps the two equal)
-LEARNER_NAMES = ("transition", "diffusion_nft", "awm", "dgpo")
+# the values of learner.name and the class each builds (flowgrpo/engine/learners/ builds them from this one registry;
+# the config, a lower layer, owns the names so that a run is checked before anything is loaded)
+LEARNERS = {
+    "transition": "flowgrpo.engine.learners.transition:TransitionLearner",
+    "diffusion_nft": "flowgrpo.engine.learners.nft:NFTLearner",
+    "awm": "flowgrpo.engine.learners.awm:AWMLearner",
+    "dgpo": "flowgrpo.engine.learners.dgpo:DGPOLearner",
+}
 
 
 def to_yaml(cfg: Config) -> str:

@@ -4,7 +4,7 @@ A learner (flowgrpo/engine/learners/) sees the training run only through this ob
 
     policy.velocity(x, sigma, cond, guidance)                   v with the current weights (with gradient)
     policy.velocity(..., weights=copy) / weights=REFERENCE      v of a copy / of the reference policy (no gradient)
-    policy.copy(name, keep, follows)                            a new copy of the weights (flowgrpo/engine/copies.py)
+    policy.copy(name, keep, follows)                            a new copy of the weights (flowgrpo/models/copies.py)
     policy.zero_grad(); policy.backward(loss, prompts); policy.step(prompts)
     policy.gather(tensor)                                       a tensor from every process, concatenated
     policy.matched(parts, spare)                                micro-batches padded so every process makes as many
@@ -31,7 +31,7 @@ from contextlib import nullcontext
 import torch
 
 import samplers
-from flowgrpo.engine.copies import WeightCopy
+from flowgrpo.models.copies import WeightCopy
 from flowgrpo.engine.noise_scale import GradientProbe
 from flowgrpo.engine.optim import build_optimizer
 from flowgrpo.engine.sharding import Sharding, fsdp_plugin, full
@@ -54,6 +54,7 @@ class Policy:
                     model.experts[name].enable_gradient_checkpointing()
             for network in model.networks():
                 self.sharding.shard(network, model.dtype)
+            model.take_reference()  # full fine-tuning's frozen reference, now of the sharded parameters
             model.call_every_expert = len(model.experts) > 1  # the same collectives on every process (Wan2.2)
         self.params = model.trainable_parameters()
         self.names = [f"p{i}" for i in range(len(self.params))]

@@ -7,8 +7,8 @@ holds the rest. Every parameter is then a DTensor holding 1/N of its rows on eac
 gradient, its AdamW moments and every ``WeightCopy`` made from it (the EMA, NFT's θ_old, AWM's copies,
 DGPO's ema_ref, SAGE's anchor) are DTensors with the same rows, so nothing is whole on one process. A
 forward all-gathers one block at a time; a backward reduce-scatters its gradients (summed over processes,
-as the unsharded all-reduce sums them). The frozen reference network (full fine-tuning's copy of the base
-transformer) is sharded the same way; LoRA's reference is the base weights with the adapter disabled.
+as the unsharded all-reduce sums them). Full fine-tuning's frozen reference is a WeightCopy of the trained weights
+too (taken again once they are sharded); LoRA's reference is the base weights with the adapter disabled.
 
 What sharding asks of the rest of the engine, and where it is done:
   every process makes the same model calls   a forward and a backward are collectives: the learners run

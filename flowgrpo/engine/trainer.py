@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from flowgrpo.config import Config, processes_check, schema_defaults, to_yaml
 from flowgrpo.data import read_prompts, strata
 from flowgrpo.engine import checkpointing, credit, rollout
-from flowgrpo.engine.copies import warmed_decay
+from flowgrpo.models.copies import warmed_decay
 from flowgrpo.engine.evaluation import HeldOut
 from flowgrpo.engine.learners import Rollouts, build_learner
 from flowgrpo.engine.noise_scale import NoiseReport

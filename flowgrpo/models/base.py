@@ -38,13 +38,7 @@ from flowgrpo.run.paths import resolve_pretrained
 from flowgrpo.run.timing import CallTimer
 
 from flowgrpo.models.conditioning import Conditioning
-from flowgrpo.models.config import (  # noqa: F401  (re-exported)
-    EXPERT_COMPONENTS,
-    ModelConfig,
-    validate_model_config,
-    ADAPTER_NAME,
-    DTYPES,
-)
+from flowgrpo.models.config import DTYPES, EXPERT_COMPONENTS, ModelConfig, validate_model_config
 from flowgrpo.models.families import FAMILIES
 from flowgrpo.models.loading import _unloadable, resolve_device, set_attention_backend
 from flowgrpo.models.trainable import TrainableWeights
@@ -80,7 +74,6 @@ class FlowModel(TrainableWeights):
         # boundary timestep (Wan2.2 A14B: "transformer" for high noise, "transformer_2" for low noise)
         self.experts: dict[str, torch.nn.Module] = self._find_experts()
         self.boundary: Optional[float] = self._find_boundary()
-        self._references: dict[str, torch.nn.Module] = {}  # frozen copies of the trained experts (frozen_copy)
         # a sharded run sets this: every call runs every expert (an expert without rows on one row, its output
         # times 0), so every process makes the same collective calls whatever its rows' times (engine/policy.py)
         self.call_every_expert = False
@@ -331,8 +324,6 @@ class FlowModel(TrainableWeights):
         """The velocity of expert ``name`` (the policy, or inside ``reference()`` the reference) at these rows."""
         n = x.shape[0]
         transformer = self.experts[name]
-        if self._in_reference and name in self._references:
-            transformer = self._references[name]
         if self._uses_cfg(scale):
             both = cond.unconditional().concat(cond)
             x2, sigma2 = torch.cat([x, x]), torch.cat([sigma, sigma])

@@ -57,7 +57,7 @@ class ModelConfig:
     # module-name suffixes; left at this (SD3/FLUX) default, a family with other names uses its own (its record's lora_targets)
     lora_target_modules: List[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     # reference policy: "auto" (adapter_disabled for LoRA, frozen_copy for full) | "adapter_disabled" |
-    # "frozen_copy" (a deep copy of the base transformer) | "none" (no reference, no KL term)
+    # "frozen_copy" (a WeightCopy of the trained weights as loaded) | "none" (no reference, no KL term)
     reference: str = "auto"
     gradient_checkpointing: bool = False  # recompute transformer activations in backward to save memory
     # build the real architecture from configs/models/architectures/<name>/ with random weights (no download):

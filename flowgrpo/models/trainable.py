@@ -2,39 +2,40 @@
 ``ModelMixin``), apart from the model as functions of tensors (base.py).
 
 - set-up (``_setup_finetune``): a LoRA adapter through peft on each trained expert (``init_lora_weights="gaussian"``,
-  the weights cast to float32 with ``cast_training_params``), or the whole network trained; the frozen reference
-  copy taken before the adapter when ``model.reference`` asks for one;
+  the weights cast to float32 with ``cast_training_params``), or the whole network trained; the frozen reference,
+  when ``model.reference`` asks for one, is a ``WeightCopy`` (copies.py) of the trained weights as loaded;
 - ``trainable_parameters`` (what the optimizer updates), ``reference()`` (the reference policy: LoRA disabled, or
-  the frozen copy), ``networks`` (what a sharded run shards);
+  the frozen copy swapped into the trained weights), ``networks`` (what a sharded run shards), ``take_reference``
+  (the frozen copy taken again, by a sharded policy once its parameters are DTensors);
 - ``trained_state`` / ``save_trainable`` / ``load_trainable``: diffusers' LoRA files, or the transformer folder.
 """
 
 from __future__ import annotations
 
-import copy
 import glob
 import os
 from collections.abc import Iterator
+import contextlib
 from contextlib import contextmanager
 from typing import Optional
 
 import torch
 
 from flowgrpo.models.config import ADAPTER_NAME, ModelConfig
+from flowgrpo.models.copies import WeightCopy
 from flowgrpo.models.families import DEFAULT_LORA_TARGETS, FAMILIES
 
 
 class TrainableWeights:
     """LoRA or full fine-tuning of a model's denoising networks, its reference policy, and saving / loading what
     trains. The host class (``FlowModel``) provides ``config``, ``experts`` (the networks by component name),
-    ``pipeline_class`` (whose ``save_lora_weights`` / ``lora_state_dict`` write and read LoRA files),
-    ``_references`` (the frozen copies, filled here) and ``_in_reference``, and calls ``_setup_finetune`` once its
-    networks are loaded."""
+    ``pipeline_class`` (whose ``save_lora_weights`` / ``lora_state_dict`` write and read LoRA files) and
+    ``_in_reference``, and calls ``_setup_finetune`` once its networks are loaded."""
 
     config: ModelConfig
     experts: dict[str, torch.nn.Module]
-    _references: dict[str, torch.nn.Module]
     _in_reference: bool
+    reference_copy: Optional[WeightCopy] = None  # frozen_copy: the trained weights as loaded (the base model)
 
     def _setup_finetune(self) -> None:
         cfg = self.config
@@ -53,8 +54,6 @@ class TrainableWeights:
         self.transformer = self.experts[self.trained_experts[0]]  # the (first) trained network
         for name in self.trained_experts:
             network = self.experts[name]
-            if mode == "frozen_copy":  # before the adapter is added: the copy is the base model
-                self._references[name] = copy.deepcopy(network).requires_grad_(False).eval()
             if cfg.finetune == "lora":
                 from diffusers.training_utils import cast_training_params
                 from peft import LoraConfig
@@ -73,11 +72,15 @@ class TrainableWeights:
                 network.enable_gradient_checkpointing()
         self._trainable_names = [(name, n) for name in self.trained_experts
                                  for n, p in self.experts[name].named_parameters() if p.requires_grad]
+        self.take_reference()
 
-    @property
-    def _reference_transformer(self) -> Optional[torch.nn.Module]:
-        """The frozen reference copy of the (first) trained network, or None."""
-        return self._references.get(self.trained_experts[0])
+    def take_reference(self) -> None:
+        """frozen_copy: copy the trained weights as they are now (at set-up the base model: a new LoRA adapter is
+        the identity) as the reference policy. A sharded policy calls it again once its parameters are DTensors,
+        before any training or resuming."""
+        if self.reference_mode == "frozen_copy":
+            self.reference_copy = WeightCopy("reference", self.trainable_parameters(), keep=1.0, follows="never",
+                                             saved=False)
 
     def _lora_targets(self) -> list[str]:
         """The config's LoRA targets; left at the schema default, the family's own (its record's lora_targets)."""
@@ -105,8 +108,10 @@ class TrainableWeights:
         if self.reference_mode == "adapter_disabled":
             for name in self.trained_experts:
                 self.experts[name].disable_adapters()
+        swapped = (self.reference_copy.swapped_into(trainable) if self.reference_mode == "frozen_copy"
+                   else contextlib.nullcontext())
         try:
-            with torch.no_grad():
+            with torch.no_grad(), swapped:
                 yield
         finally:
             self._in_reference = False
@@ -118,9 +123,8 @@ class TrainableWeights:
                     p.requires_grad_(flag)
 
     def networks(self) -> list[torch.nn.Module]:
-        """The networks a sharded run shards: every expert (the trained ones and a frozen one) and the frozen
-        reference copies when kept."""
-        return list(self.experts.values()) + list(self._references.values())
+        """The networks a sharded run shards: every expert (the trained ones and a frozen one)."""
+        return list(self.experts.values())
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What ``save_trainable`` writes, as ``"<expert>.<state-dict name>"``: the LoRA weights, or the whole state

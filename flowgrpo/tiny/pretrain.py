@@ -9,7 +9,7 @@ resumable from ``--work-dir`` (rerunning the same command continues where it sto
               before decoding (SD3's shift/scaling factors, Wan's per-channel mean/std).
   3. FLOW     rectified-flow matching of the transformer and the text encoders, v ≈ noise − data at σ
               drawn on the sampling grid's density, captions dropped 10% of the time so classifier-free
-              guidance works; an EMA of the weights (a WeightCopy, flowgrpo/engine/copies.py) is what ships.
+              guidance works; an EMA of the weights (a WeightCopy, flowgrpo/models/copies.py) is what ships.
   4. SHIP     every ``eval_every`` steps the EMA pipeline is saved and scored on the held-out prompts with
               the world's scorer (ODE sampling, the model config's default steps); training stops at the
               first evaluation whose mean score reaches ``target_score``: the model is meant to be
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from flowgrpo.engine.copies import WeightCopy, warmed_decay
+from flowgrpo.models.copies import WeightCopy, warmed_decay
 from flowgrpo.run.checkpoint import write_folder_atomically
 from flowgrpo.run.errors import UserError
 from flowgrpo.tiny.builders import TinySD3Sizes, build_clip_tokenizer, build_tiny_sd3_pipeline

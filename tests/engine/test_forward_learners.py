@@ -11,7 +11,7 @@ import torch
 
 from flowgrpo.engine.learners.awm import awm_log_likelihood, awm_loss
 from flowgrpo.engine.learners.dgpo import dgpo_clip_mask, dgpo_group_objective
-from flowgrpo.engine.copies import WeightCopy, soft_keep
+from flowgrpo.models.copies import WeightCopy, soft_keep
 from flowgrpo.engine.learners.nft import nft_loss, optimality_probability
 from train_fixtures import analytic_trainer
 

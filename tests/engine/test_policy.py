@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from flowgrpo.engine.copies import WeightCopy, refresh_every, soft_keep, warmed_decay
+from flowgrpo.models.copies import WeightCopy, refresh_every, soft_keep, warmed_decay
 from flowgrpo.engine.policy import REFERENCE, Policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -83,16 +83,22 @@ def test_velocity_with_a_copy_or_the_reference_is_gradient_free_and_every_call_i
     _train_step(policy, target=3.0)
     x, sigma, cond = _inputs(policy)
     trained = [p.detach().clone() for p in policy.params]
-    with policy.using(frozen):  # the copy's values in the parameters, restored after
-        assert all(torch.equal(p, v) for p, v in zip(policy.params, frozen.values))
+    held = [v.clone() for v in frozen.values]
+    with policy.using(frozen):  # the copy's values in the parameters (exchanged in place), restored after
+        assert all(torch.equal(p, v) for p, v in zip(policy.params, held))
         expected = policy.model.velocity(x, sigma, cond, 1.0).detach()
     assert all(torch.equal(p, t) for p, t in zip(policy.params, trained))
+    assert all(torch.equal(v, h) for v, h in zip(frozen.values, held))
     counted = policy.nfe.as_dict()
     v_copy = policy.velocity(x, sigma, cond, 1.0, weights=frozen)
     v_ref = policy.velocity(x, sigma, cond, 1.0, weights=REFERENCE)
     assert not v_copy.requires_grad and not v_ref.requires_grad and torch.equal(v_copy, expected)
     with policy.model.reference():
         assert torch.equal(v_ref, policy.model.velocity(x, sigma, cond, 1.0))
+    # full fine-tuning's reference is the base weights, a WeightCopy the policy never follows nor saves
+    assert policy.model.reference_mode == "frozen_copy" and torch.equal(v_ref, expected)
+    assert all(torch.equal(p, t) for p, t in zip(policy.params, trained))
+    assert "reference" not in policy.copies and not any(k.startswith("reference.") for k in policy.state_tensors())
     assert policy.velocity(x, sigma, cond, 1.0).requires_grad
     now = policy.nfe.as_dict()
     assert now["train_forward"] - counted["train_forward"] == 3 * x.shape[0]
@@ -138,11 +144,14 @@ def test_one_copy_mechanism_serves_pretraining_state_dicts_with_integer_buffers(
         WeightCopy("x", sources(), follows="epoch")
 
 
-def test_the_learner_registry_and_the_config_name_the_same_learners():
-    from flowgrpo.config import LEARNER_NAMES
-    from flowgrpo.engine.learners import LEARNERS
+def test_every_learner_name_the_config_allows_builds_a_learner():
+    import importlib
 
-    assert sorted(LEARNERS) == sorted(LEARNER_NAMES)
+    from flowgrpo.engine.learners import LEARNERS, Learner
+
+    for name, path in LEARNERS.items():
+        module, cls = path.split(":")
+        assert issubclass(getattr(importlib.import_module(module), cls), Learner), name
 
 
 def test_a_method_is_its_preset_file():

@@ -208,10 +208,9 @@ def test_full_finetune_reference_is_a_frozen_copy(sd3_folder):
     params = list(model.transformer.parameters())
     assert [id(p) for p in model.trainable_parameters()] == [id(p) for p in params]
     assert all(p.requires_grad for p in params)
-    reference = model._reference_transformer
-    assert reference is not model.transformer
-    assert not any(p.requires_grad for p in reference.parameters())
-    assert not {p.data_ptr() for p in reference.parameters()} & {p.data_ptr() for p in params}
+    reference = model.reference_copy.values  # a WeightCopy of the trained weights, storage of its own
+    assert len(reference) == len(params) and not any(v.requires_grad for v in reference)
+    assert not {v.data_ptr() for v in reference} & {p.data_ptr() for p in params}
 
     cond = model.encode_prompts(PROMPTS[:2])
     x = latents(model, 2)
@@ -220,8 +219,10 @@ def test_full_finetune_reference_is_a_frozen_copy(sd3_folder):
         for p in params:
             p.add_(0.01 * torch.randn_like(p))
     assert (model.velocity(x, 0.6, cond) - v_base).abs().max() > 1e-3
+    trained = [p.detach().clone() for p in params]
     with model.reference():
         torch.testing.assert_close(model.velocity(x, 0.6, cond), v_base, rtol=0, atol=0)
+    assert all(torch.equal(p, t) and p.requires_grad for p, t in zip(params, trained))  # the trained weights back
 
 
 def test_reference_none_refuses(sd3_folder):

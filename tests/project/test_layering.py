@@ -29,7 +29,7 @@ FLOWGRPO_LAYERS = {
     "flowgrpo.cli": 5,
 }
 # what a learner may import of the engine: the policy surface and the formulas, never the loop's phases
-LEARNER_MAY_IMPORT = {"flowgrpo.engine.learners", "flowgrpo.engine.policy", "flowgrpo.engine.copies",
+LEARNER_MAY_IMPORT = {"flowgrpo.engine.learners", "flowgrpo.engine.policy", "flowgrpo.models.copies",
                       "flowgrpo.engine.credit", "flowgrpo.engine.loss"}
 
 

@@ -12,14 +12,8 @@ from __future__ import annotations
 
 import importlib
 
+from flowgrpo.config.schema import LEARNERS
 from flowgrpo.engine.learners.base import Learner, Rollouts
-
-LEARNERS = {
-    "transition": "flowgrpo.engine.learners.transition:TransitionLearner",
-    "diffusion_nft": "flowgrpo.engine.learners.nft:NFTLearner",
-    "awm": "flowgrpo.engine.learners.awm:AWMLearner",
-    "dgpo": "flowgrpo.engine.learners.dgpo:DGPOLearner",
-}
 
 
 def build_learner(cfg, policy) -> Learner:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 import samplers
-from flowgrpo.engine.copies import WeightCopy, soft_keep
+from flowgrpo.models.copies import WeightCopy, soft_keep
 from flowgrpo.engine.learners.base import Learner, Rollouts, Step, deal_samples, seeded_permutation
 from samplers.grids import STREAM_FORWARD_UPDATE_ORDER, STREAM_TRAIN_DRAWS
 

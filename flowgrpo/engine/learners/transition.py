@@ -19,7 +19,7 @@ import torch
 
 import samplers
 from flowgrpo import likelihood
-from flowgrpo.engine.copies import refresh_every
+from flowgrpo.models.copies import refresh_every
 from flowgrpo.engine.learners.base import Learner, Rollouts, Step, deal_samples, seeded_permutation
 from flowgrpo.engine.loss import SageKLWeight, clipped_policy_loss, gaussian_kl, step_weights
 from flowgrpo.engine.policy import REFERENCE

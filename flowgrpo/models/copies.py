@@ -13,11 +13,17 @@ That one rule is every copy in flowgrpo (docs/design.md, "The policy and its cop
     AWM's EMA, DGPO's ema_ref                the same soft schedule (after each iteration / step)
     SAGE's moving anchor                     λ = 0 every ``anchor_refresh`` steps, else 1
     AWM's rollout weights ℓ_old              set from θ (or the EMA) before each update
+    full fine-tuning's frozen reference      λ = 1: taken from the base weights once, never followed
     pretraining's EMA (flowgrpo/tiny)        the same warmed decay, every step
 
-``swapped_into(targets)`` puts the copy's values into the targets for a ``with`` block and restores
-the targets' own values after it (sampling or evaluating with a copy). Tensors that are not
-floating point (integer buffers of a state dict) are always copied exactly.
+It lives beside the model (flowgrpo/models/) because the model's own reference policy is one; the
+engine's policy (flowgrpo/engine/policy.py) makes, follows and checkpoints the others.
+
+``swapped_into(targets)`` exchanges the copy's values with the targets' for a ``with`` block and
+exchanges them back after it (sampling or evaluating with a copy): in place, one tensor at a time, so
+it needs memory for one tensor, not a second set of weights, and the targets stay the very tensors a
+sharded network gathers from. Tensors that are not floating point (integer buffers of a state dict)
+are always copied exactly.
 """
 
 from __future__ import annotations
@@ -85,19 +91,21 @@ class WeightCopy:
         for value, source in zip(self.values, sources):
             value.copy_(source)
 
+    @torch.no_grad()
+    def _exchange(self, targets: Sequence[torch.Tensor]) -> None:
+        for t, v in zip(targets, self.values):
+            held = t.detach().clone()
+            t.copy_(v)
+            v.copy_(held)
+
     @contextmanager
     def swapped_into(self, targets: Sequence[torch.Tensor]):
-        """Inside: ``targets`` hold this copy's values; after: their own values again."""
-        with torch.no_grad():
-            saved = [t.detach().clone() for t in targets]
-            for t, v in zip(targets, self.values):
-                t.copy_(v)
+        """Inside: ``targets`` hold this copy's values (and the copy theirs); after: each its own again, exactly."""
+        self._exchange(targets)
         try:
             yield
         finally:
-            with torch.no_grad():
-                for t, v in zip(targets, saved):
-                    t.copy_(v)
+            self._exchange(targets)
 
     def named(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         """The copy's tensors as ``{name.p0: ...}`` for a checkpoint."""
