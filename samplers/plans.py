@@ -258,6 +258,7 @@ def compose_plan(
     train_subset_fraction: float | None = None,
     splits: Sequence[int] = (),
     branch_factor: int = 2,
+    branch_window: bool = False,
     split_noise: str = "correlated",
     split_noise_scale: float = 4.0,
     side_steps: Sequence[int] = (),
@@ -290,7 +291,8 @@ def compose_plan(
       sharp near σ' = 0; Flow-GRPO uses f = 0.99) unless ``train_last`` (SAGE-GRPO's code trains all its steps:
       sage_sde's last step has s > 0; a kernel with s = 0 there, cps, is refused). ``train_subset_fraction``
       (DanceGRPO): each root trains a random ⌊(T − 1)·f⌋ of them.
-    - ``splits``/``branch_factor``/``split_noise``: BranchGRPO split steps.
+    - ``splits``/``branch_factor``/``split_noise``: BranchGRPO split steps. ``branch_window``: every step of the SDE
+      window splits too (TreeGRPO's tree: branch_factor^w leaves per root, the window's edges its trained ones).
     - ``side_steps``/``side_children``/``side_kernel``/``side_eta``: TempFlow branch points;
       ``side_weight``: ``noise_aware`` multiplies each step's loss by c·σ_t(j)·√Δ_j (flow_sde's std
       with ``side_eta``, c = ``side_weight_scale``), ``noise_aware_mean_one`` rescales those weights
@@ -324,6 +326,10 @@ def compose_plan(
         window_end = start + size
     else:
         in_window, window_end = set(range(T)), T
+    if branch_window:
+        if window is None:
+            raise ValueError("branch_window (TreeGRPO) splits the SDE window's steps: give the plan a window")
+        splits_set = splits_set | frozenset(in_window)
     if post_window_ratio is not None:
         if window is None:
             raise ValueError("post_window_ratio (MixGRPO-Flash) needs a window")
@@ -412,6 +418,7 @@ PLAN_RULES: dict[str, Rule] = {
     "train_subset_fraction": optional(in_open_closed(0, 1)),
     "splits": integers(0),
     "branch_factor": integer(1, 64),
+    "branch_window": FLAG,
     "split_noise": one_of(*SPLIT_NOISE_MODES),
     "split_noise_scale": at_least(0),
     "side_steps": integers(0),

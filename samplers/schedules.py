@@ -8,6 +8,8 @@
 - ``exp_decay``: τ(l) = ⌈τ_0·exp(−0.1·max(0, l − 13))⌉ with τ_0 = ``interval``;
 - ``random``: a new l every iteration, uniform in [low, high], a pure function of (seed, iteration)
   (Flow-GRPO-Fast draws it per rollout batch in [0, ⌊T/2⌋ − w]; ``high_fraction`` = 0.5);
+- ``geometric``: a new l every iteration in [low, high], P(l) ∝ ``ratio``^(l − low) (TreeGRPO's truncated geometric
+  draw, r = 0.5: early, noisy positions favoured), a pure function of (seed, iteration);
 - ``frozen``: l ≡ ``start`` (MixGRPO-Flash*).
 Iteration n = 0 is the first; ``start_at`` only moves forward, and ``state_dict`` /
 ``load_state_dict`` checkpoint the position so a resumed run continues identically.
@@ -24,7 +26,7 @@ from samplers.grids import STREAM_WINDOW, derive_seed
 from samplers.plans import MAX_STEPS, Plan, compose_plan
 from samplers.rules import FLAG, Rule, at_least, between, integer, one_of, optional
 
-WINDOW_STRATEGIES = ("progressive", "random", "linear_decay", "exp_decay", "frozen")
+WINDOW_STRATEGIES = ("progressive", "random", "geometric", "linear_decay", "exp_decay", "frozen")
 
 # Every argument of WindowSchedule (but ``num_steps`` and ``seed``, the plan's and the run's) and what it takes; whether
 # they fit the plan's steps is checked by building the schedule (flowgrpo/config/check.py does both before anything loads).
@@ -42,6 +44,7 @@ WINDOW_RULES: dict[str, Rule] = {
     "low": integer(0, MAX_STEPS),
     "high": optional(integer(0, MAX_STEPS)),
     "high_fraction": optional(between(0, 1)),
+    "ratio": Rule(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1, "a number in (0, 1)"),
 }
 
 
@@ -65,6 +68,7 @@ class WindowSchedule:
         low: int = 0,
         high: int | None = None,
         high_fraction: float | None = None,
+        ratio: float = 0.5,
         seed: int = 0,
     ):
         if strategy not in WINDOW_STRATEGIES:
@@ -89,6 +93,9 @@ class WindowSchedule:
         self.interval_max, self.interval_min = int(interval_max), int(interval_min)
         self.decay_rate, self.decay_offset = float(decay_rate), int(decay_offset)
         self.low, self.high, self.seed = int(low), int(high), int(seed)
+        if not 0 < ratio < 1:
+            raise ValueError(f"geometric window ratio must lie in (0, 1), got {ratio}")
+        self.ratio = float(ratio)
         self._iteration, self._start, self._held = 0, self.initial, 0
 
     def extreme_starts(self) -> tuple[int, ...]:
@@ -96,7 +103,7 @@ class WindowSchedule:
         check builds to see that every position fits."""
         if self.strategy == "frozen":
             return (self.initial,)
-        if self.strategy == "random":
+        if self.strategy in ("random", "geometric"):
             return tuple(sorted({self.low, self.high}))
         return tuple(sorted({0 if self.roll_back else self.initial, self.last}))
 
@@ -124,6 +131,16 @@ class WindowSchedule:
             return self.initial
         if self.strategy == "random":
             return self.low + derive_seed(STREAM_WINDOW, self.seed, iteration) % (self.high - self.low + 1)
+        if self.strategy == "geometric":  # invert the truncated geometric CDF at a uniform of (seed, iteration)
+            u = (derive_seed(STREAM_WINDOW, self.seed, iteration) % 2**53) / 2**53
+            n = self.high - self.low + 1
+            weights = [self.ratio**k for k in range(n)]
+            target, total = u * sum(weights), 0.0
+            for k, w in enumerate(weights):
+                total += w
+                if target < total:
+                    return self.low + k
+            return self.high
         if iteration < self._iteration:
             raise ValueError(
                 f"window schedule is at iteration {self._iteration}; it cannot go back to {iteration} "

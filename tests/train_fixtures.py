@@ -143,6 +143,11 @@ TINY_PRESETS = {
     "diffusion_nft": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
     "awm": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
     "dgpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2, "learner.time_min": 0.5},
+    "flow_dppo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 8, "sampling.window.size": 2,
+                  "train.updates_per_epoch": 2},
+    "treegrpo": {"sampling.plan.num_steps": 6, "sampling.plan.branch_factor": 2, "sampling.window.size": 2,
+                 "sampling.window.high": 3},
+    "g2rpo": {"sampling.plan.num_steps": 4, "sampling.plan.side_steps": "[0,1]", "sampling.plan.side_children": 2},
 }
 
 

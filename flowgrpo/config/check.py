@@ -76,7 +76,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"sampling.log_prob={cfg.sampling.log_prob} is scored by the PyTorch likelihood terms only (the "
                           "fused op scores the Gaussian form); set loss.likelihood_backend=reference (or auto)")
     group = plan.get("group_size", 1)
-    tree = bool(plan.get("splits")) or bool(plan.get("side_steps"))
+    branches = plan.get("branch_factor", 2) > 1
+    tree = bool(plan.get("splits")) or bool(plan.get("side_steps")) or (bool(plan.get("branch_window")) and branches)
     if not tree and group < 2:
         raise ConfigError(
             f"sampling.plan.group_size={group}: GRPO needs at least 2 samples per prompt to compare "

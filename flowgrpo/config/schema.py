@@ -81,6 +81,9 @@ class AdvantageConfig:
     multi_reward: str = key(one_of("gdpo", "zsum", "sum"), "gdpo")
     tree_value: str = key(one_of("mean", "path_weighted"), "mean")  # BranchGRPO node value: mean of descendant leaves | path_weighted (softmax of β·log p(path))
     tree_beta: float = key(above(0), 1.0)  # β of path_weighted node values
+    # a tree's normalisation: depth (BranchGRPO: node values z-scored among the prompt's nodes of each depth) | leaves
+    # (TreeGRPO: the leaves' group z-scores, a node's advantage their mean or path-weighted mean below it, as it is)
+    tree_norm: str = key(one_of("depth", "leaves"), "depth")
     best_of_n: int = key(at_least(0), 0)  # DanceGRPO best-of-N: train only the top n/2 and bottom n/2 samples of each group (0 = all)
     # a group whose rewards are all equal (A = 0): skip (never computed, kept in the normalisers) | train (A = 0
     # rows stay in the loss, as the reference codes do: NFT's r = 1/2 term pulls toward θ_old, a KL term still acts)
@@ -92,6 +95,11 @@ class AdvantageConfig:
 
 @dataclass
 class LossConfig:
+    # the policy term's trust region: clip (PPO's clipped ratio at clip_range) | kl_mask (Flow-DPPO: −A·ρ unclipped, a
+    # transition dropped where its step's exact Gaussian KL to the rollout policy, reduce_D((μ_θ − μ_old)²)/(2s²), is
+    # at least kl_mask_threshold and ρ moves further on A's side; needs μ_old, which the rollout then stores)
+    policy_loss: str = key(one_of("clip", "kl_mask"), "clip")
+    kl_mask_threshold: float = key(above(0), 1e-5)  # Flow-DPPO's δ, on the sampling.reduce=mean scale of its code
     clip_range: float = key(above(0), 1e-4)  # PPO ε; 1e-4 for mean-reduced log-probs, 1e-5 for windows/cps, 2e-6 for GRPO-Guard
     ratio: str = key(one_of("plain", "guard"), "plain")  # plain: exp(lp_θ − lp_old) | guard: GRPO-Guard's normalised ratio (needs μ_old)
     step_weight: str = key(one_of("none", "inv_delta", "sage"), "none")  # none | inv_delta (GRPO-Guard 1/Δ) | sage (gradient-norm equaliser); plan weights (TempFlow) always apply

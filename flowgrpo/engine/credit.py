@@ -5,7 +5,9 @@ One module holds every rule (docs/math.md §3 "Advantages", §2 BranchGRPO and T
 - ``combine_rewards``: several rewards become one signal per leaf (GDPO's per-reward group z-scores, or
   the weighted sum of raw rewards); one reward is scaled by its weight (−1 minimises it);
 - ``group_zscore``: A = (r − group mean)/(group or global std + eps), or r − group mean (Dr. GRPO);
-- ``tree_advantages`` / ``path_weighted_values``: BranchGRPO's depth-wise advantages of node values;
+- ``tree_advantages`` / ``path_weighted_values``: BranchGRPO's depth-wise advantages of node values; with
+  ``tree_norm="leaves"`` TreeGRPO's instead: the leaves' group z-scores carried up the tree (a node's advantage is
+  the mean, or path-weighted mean, of its descendant leaves' advantages), never normalised again per depth;
 - ``best_of_n_mask``: DanceGRPO's best-of-N filter (Pref-GRPO's pairwise win rates are the VLM judge's, rewards/vlm.py);
 - ``assign``: the iteration's rule, applied to the rollout records: gather every process's rewards,
   combine, z-score, take tree values where the plan branches, filter best-of-N, clip, and hand each
@@ -77,12 +79,15 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
     out, leaves, tied_t, tied_l, offset = [], [], [], [], 0
     for rec in records:
         n = rec.num_leaves
-        if tree:  # BranchGRPO: depth-wise advantages of node values
+        if tree:  # BranchGRPO: depth-wise advantages of node values; TreeGRPO: the leaves' advantages carried up
+            leaves_first = cfg.tree_norm == "leaves"
+            below = leaf_adv[offset : offset + n] if leaves_first else signal[offset : offset + n]
             if cfg.tree_value == "path_weighted":
-                values = path_weighted_values(rec, signal[offset : offset + n], cfg.tree_beta)
+                values = path_weighted_values(rec, below, cfg.tree_beta)
             else:
-                values = rec.node_values(signal[offset : offset + n])
-            node_adv = tree_advantages(values, rec.node_depth, cfg.eps, cfg.std_correction)
+                values = rec.node_values(below)
+            node_adv = values.float() if leaves_first else tree_advantages(values, rec.node_depth, cfg.eps,
+                                                                           cfg.std_correction)
             t_adv, l_adv = node_adv[rec.prompt, rec.node], node_adv[rec.leaf_prompt, rec.leaf_node]
         else:  # chains and TempFlow siblings: the advantage of the leaf below x'
             t_adv, l_adv = rec.transition_values(leaf_adv[offset : offset + n]), leaf_adv[offset : offset + n]

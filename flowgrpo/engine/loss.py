@@ -4,8 +4,8 @@ For trained transition t (sample i, step j) with advantage A and log-ratio log �
 GRPO-Guard's normalised one: reduce_D(ε_s·δ), both from flowgrpo.likelihood):
   L = max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε)) · step weight, plus KL terms.
 ``clipped_policy_loss`` returns the per-transition loss and the diagnostics the learner logs (clip
-fractions split by ρ > 1 and ρ < 1, approximate KL); ``ppo_clip`` is the clip alone (AWM's learner uses
-it too); ``gaussian_kl`` the KL between two kernels of one std (SAGE's anchor and rollout terms);
+fractions split by ρ > 1 and ρ < 1, approximate KL); ``kl_masked_policy_loss`` is Flow-DPPO's trust region in
+place of the clip (an exact per-step KL mask); ``ppo_clip`` is the clip alone (AWM's learner uses it too); ``gaussian_kl`` the KL between two kernels of one std (SAGE's anchor and rollout terms);
 ``step_weights`` the per-transition multipliers (GRPO-Guard's 1/Δ, SAGE's equaliser). All math in fp32
 (float64 inputs stay float64).
 """
@@ -87,6 +87,35 @@ class SageKLWeight:
 
     def load_state_dict(self, state: dict) -> None:
         self.weight, self.calls, self.recent = float(state["weight"]), int(state["calls"]), list(state["recent"])
+
+
+def kl_masked_policy_loss(
+    log_ratio: torch.Tensor,  # [M] with grad
+    log_ratio_plain: torch.Tensor,  # [M] lp_θ − lp_old (for the approximate KL diagnostic)
+    advantages: torch.Tensor,  # [M]
+    kl: torch.Tensor,  # [M] KL(π_old ‖ π_θ) of the step's Gaussians: reduce_D((μ_θ − μ_old)²)/(2s²)
+    threshold: float,
+) -> tuple[torch.Tensor, dict]:
+    """Flow-DPPO's loss [M]: −A·ρ unclipped, except that a transition whose step has left the trust region
+    (KL ≥ ``threshold``) and whose ratio moves further on its advantage's side (ρ > 1 with A > 0, or ρ < 1 with
+    A < 0) contributes 0 (counted in the normaliser). A transition inside the region, or one moving back toward
+    π_old, keeps its whole gradient. The mask carries no gradient."""
+    ratio = torch.exp(log_ratio)
+    advantages = advantages.to(ratio)
+    with torch.no_grad():
+        outside = kl.detach() >= threshold
+        high = outside & (ratio > 1) & (advantages > 0)
+        low = outside & (ratio < 1) & (advantages < 0)
+    loss = torch.where(high | low, torch.zeros_like(ratio), -advantages * ratio)  # where: an overflowing ρ·0 is no NaN
+    with torch.no_grad():
+        diag = {
+            "log_ratio": log_ratio.detach(),
+            "ratio_dev": (ratio - 1).abs().detach(),
+            "clipped_high": high.float(),  # dropped: ρ above 1 on a positive advantage, outside the region
+            "clipped_low": low.float(),
+            "approx_kl": 0.5 * log_ratio_plain.detach() ** 2,
+        }
+    return loss, diag
 
 
 def clipped_policy_loss(

@@ -83,7 +83,7 @@ TRAINING = [
                                    r"'dance_sde', 'cps', 'sage_sde'\]$"),
     (["--preset", "flow_grpo", "sampling.plan.eta=nan"], r"sampling.plan.eta='nan' is not allowed; use null or a number "
                                                          r">= 0$"),
-    (["sampling.plan.windw=3"], r"sampling.plan.windw is not a key of the plan; it takes \['branch_factor', 'eta', "),
+    (["sampling.plan.windw=3"], r"sampling.plan.windw is not a key of the plan; it takes \['branch_factor', 'branch_window', 'eta', "),
     (["--preset", "flow_grpo", "sampling.window.sise=3"], r"sampling.window.sise is not a key of the window; it takes "
                                                           r"\['decay_offset', 'decay_rate', "),
     (["--preset", "flow_grpo", "sampling.window.stride=2"], r"sampling.window.stride is given but sampling.window.size "

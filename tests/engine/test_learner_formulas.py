@@ -21,7 +21,7 @@ from flowgrpo.engine.credit import (
     tree_advantages,
 )
 from flowgrpo import likelihood
-from flowgrpo.engine.loss import clipped_policy_loss, gaussian_kl, ppo_clip, step_weights
+from flowgrpo.engine.loss import clipped_policy_loss, gaussian_kl, kl_masked_policy_loss, ppo_clip, step_weights
 from tolerance import ulp_tolerance
 
 NAN = float("nan")
@@ -88,6 +88,26 @@ def test_ppo_clip_four_cases_values_and_zero_gradient_when_clipped():
     close(loss.detach(), [-2.4, -1.0, 1.6, 3.0, -2.2], rtol=1e-12, atol=1e-12)
     loss.sum().backward()
     assert ratio.grad.tolist() == [0.0, -2.0, 0.0, 2.0, -2.0]
+
+
+def test_flow_dppo_kl_mask_drops_only_steps_outside_the_region_that_move_further():
+    """Flow-DPPO: −A·ρ unclipped; dropped (0, no gradient) where KL ≥ δ and ρ moves on A's side. δ = 1e-5:
+      ρ = 1.2, A = +1, KL 2e-5: outside, moving further up      -> dropped: 0
+      ρ = 0.8, A = +1, KL 2e-5: outside, moving back toward π_old -> kept: −0.8, dL/dlogρ = −A·ρ = −0.8
+      ρ = 1.2, A = −1, KL 2e-5: outside, moving back            -> kept: +1.2, dL/dlogρ = +1.2
+      ρ = 0.8, A = −1, KL 2e-5: outside, moving further down    -> dropped: 0
+      ρ = 1.5, A = +2, KL 5e-6: inside, unclipped               -> −3.0 (PPO at ε = 0.2 would give −2.4), grad −3.0"""
+    log_ratio = torch.tensor([1.2, 0.8, 1.2, 0.8, 1.5], dtype=torch.float64).log().requires_grad_(True)
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0, 2.0], dtype=torch.float64)
+    kl = torch.tensor([2e-5, 2e-5, 2e-5, 2e-5, 5e-6], dtype=torch.float64)
+    loss, diag = kl_masked_policy_loss(log_ratio, log_ratio.detach(), adv, kl, 1e-5)
+    close(loss.detach(), [0.0, -0.8, 1.2, 0.0, -3.0], rtol=1e-12, atol=1e-12)
+    loss.sum().backward()
+    close(log_ratio.grad, [0.0, -0.8, 1.2, 0.0, -3.0], rtol=1e-12, atol=1e-12)
+    assert diag["clipped_high"].tolist() == [1, 0, 0, 0, 0] and diag["clipped_low"].tolist() == [0, 0, 0, 1, 0]
+    # the threshold is inclusive and the mask follows it: at δ = 3e-5 nothing is outside, every term is −A·ρ
+    loose, _ = kl_masked_policy_loss(log_ratio.detach(), log_ratio.detach(), adv, kl, 3e-5)
+    close(loose, [-1.2, -0.8, 1.2, 0.8, -3.0], rtol=1e-12, atol=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------

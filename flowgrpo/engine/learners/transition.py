@@ -21,7 +21,7 @@ import samplers
 from flowgrpo import likelihood
 from flowgrpo.models.copies import refresh_every
 from flowgrpo.engine.learners.base import Learner, Rollouts, Step, deal_samples, seeded_permutation
-from flowgrpo.engine.loss import SageKLWeight, clipped_policy_loss, gaussian_kl, step_weights
+from flowgrpo.engine.loss import SageKLWeight, clipped_policy_loss, gaussian_kl, kl_masked_policy_loss, step_weights
 from flowgrpo.engine.policy import REFERENCE
 from samplers.grids import STREAM_UPDATE_ORDER
 
@@ -79,7 +79,8 @@ class TransitionLearner(Learner):
 
     @property
     def store_mean(self) -> bool:
-        return self.cfg.loss.ratio == "guard" or self.cfg.loss.rollout_kl_coef > 0
+        loss = self.cfg.loss
+        return loss.ratio == "guard" or loss.rollout_kl_coef > 0 or loss.policy_loss == "kl_mask"
 
     def describe(self, leaves_per_prompt: int, trained_per_prompt: int) -> str:
         t = self.cfg.train
@@ -224,7 +225,7 @@ class TransitionLearner(Learner):
                 ref_v = policy.velocity(x, sigma, cond, guidance, weights=REFERENCE) if cfg.loss.kl_coef > 0 else None
                 v = policy.velocity(x, sigma, cond, guidance)
             mean_old = rec.mean[r] if rec.mean is not None else None
-            extra_kl = anchor_v is not None or cfg.loss.rollout_kl_coef > 0
+            extra_kl = anchor_v is not None or cfg.loss.rollout_kl_coef > 0 or cfg.loss.policy_loss == "kl_mask"
             terms = likelihood.transition_terms(
                 x, v, rec.next_state[r], a, bv, std, mu_old=mean_old, v_ref=ref_v, reduce=cfg.sampling.reduce,
                 return_mean=extra_kl, backend=cfg.loss.likelihood_backend, form=cfg.sampling.log_prob,
@@ -236,7 +237,11 @@ class TransitionLearner(Learner):
                 log_ratio = terms.guard
             else:
                 log_ratio = log_ratio_plain
-            loss, d = clipped_policy_loss(log_ratio, log_ratio_plain, adv, cfg.loss.clip_range)
+            if cfg.loss.policy_loss == "kl_mask":  # Flow-DPPO: the step's exact KL to the rollout policy decides
+                step_kl = gaussian_kl(terms.mean, mean_old.to(terms.mean), std, cfg.sampling.reduce)
+                loss, d = kl_masked_policy_loss(log_ratio, log_ratio_plain, adv, step_kl, cfg.loss.kl_mask_threshold)
+            else:
+                loss, d = clipped_policy_loss(log_ratio, log_ratio_plain, adv, cfg.loss.clip_range)
             kl = torch.zeros_like(loss)
             if ref_v is not None:
                 kl_ref = terms.kl
