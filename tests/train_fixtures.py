@@ -121,6 +121,8 @@ def train_and_check(cfg, gallery: bool = False):
             assert r["max_abs_ratio_minus_1_epoch0"] < 1e-6, r["max_abs_ratio_minus_1_epoch0"]
     if cfg.learner.name == "diffusion_nft":
         assert updates[0]["max_abs_vplus_minus_vold_epoch0"] == 0.0
+    if cfg.learner.name == "crd":  # θ_old = θ at the run's first step: the implicit reward is exactly 0
+        assert updates[0]["max_abs_implicit_reward_epoch0"] == 0.0
     assert sum(not torch.equal(a, b) for a, b in zip(before, trainer.policy.params)) > 0, "no trainable parameter changed"
     return trainer, run, rows
 
@@ -147,6 +149,8 @@ TINY_PRESETS = {
                   "train.updates_per_epoch": 2},
     "treegrpo": {"sampling.plan.num_steps": 6, "sampling.plan.branch_factor": 2, "sampling.window.size": 2,
                  "sampling.window.high": 3},
+    "vgrpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
+    "crd": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
     "g2rpo": {"sampling.plan.num_steps": 4, "sampling.plan.side_steps": "[0,1]", "sampling.plan.side_children": 2},
 }
 

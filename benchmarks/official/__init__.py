@@ -11,6 +11,8 @@ is typed by hand:
   that called it there), and returns the named locals of the config functions (``gpu_number``) too.
 - ``argparse_defaults``: every ``add_argument`` of a training script (DanceGRPO, MixGRPO, BranchGRPO), by AST.
 - ``dataclass_defaults``: the fields of a config dataclass (SAGE-GRPO's ``TrainingConfig``), by AST.
+- ``yaml_values``: every leaf of a hydra / OmegaConf YAML launch (UniRL), each at its key's line, its
+  interpolations resolved as a run without environment variables resolves them.
 - ``shell_arguments``: the ``--flag value`` pairs of a launch script's training command, with shell variables
   substituted, each at its line.
 - ``code_fact``: a hard-coded constant or call argument, found by a regular expression in a named file, which must
@@ -433,6 +435,95 @@ def argparse_launch(checkout: Checkout, script: str, launcher: str, marker: str,
     return values, command
 
 
+# ---------------------------------------------------------------------------------------------------- YAML files
+_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
+
+
+def yaml_values(checkout: Checkout, relpath: str) -> dict[str, Value]:
+    """Every leaf of the YAML file ``relpath`` (a hydra / OmegaConf config) as {dotted key: Value}, each at the line
+    of its key: mappings are walked (an empty one is a leaf), a list is a leaf. OmegaConf interpolations are resolved
+    as a run with no environment variable set resolves them: ``${oc.env:NAME,default}`` to its default (text, or None
+    for ``null``), ``${oc.decode:text}`` to the YAML value of the text, ``${a.b}`` (absolute) and ``${..b}``
+    (relative: each dot past the first one level up) to the value they name; one that names a whole section
+    (``${sampling}``) stays its text. A resolved value's source names the interpolation. Merge keys and other
+    resolvers are refused."""
+    import yaml
+
+    text = checkout.file(relpath).read_text()
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    data = yaml.safe_load(text)
+    if not isinstance(root, yaml.MappingNode):
+        raise ExtractionError(f"{relpath}: not a YAML mapping")
+    raw: dict[str, tuple[Any, int]] = {}
+
+    def walk(node, value, prefix: str):
+        for key_node, child in node.value:
+            if key_node.value == "<<":
+                raise ExtractionError(f"{relpath}:{key_node.start_mark.line + 1}: merge keys are not read")
+            dotted = f"{prefix}{key_node.value}"
+            if isinstance(child, yaml.MappingNode) and child.value:
+                walk(child, value[key_node.value], dotted + ".")
+            else:
+                raw[dotted] = (value[key_node.value], key_node.start_mark.line + 1)
+
+    walk(root, data, "")
+
+    class _Section(Exception):
+        pass
+
+    def target(path: str, here: str) -> str:
+        if not path.startswith("."):
+            return path
+        dots = len(path) - len(path.lstrip("."))
+        node = here.split(".")[:-1]
+        node = node[: len(node) - (dots - 1)] if dots > 1 else node
+        return ".".join([*node, path.lstrip(".")])
+
+    def resolve(value, here: str, seen: tuple[str, ...]):
+        if not isinstance(value, str):
+            return value
+        while True:
+            match = _INTERPOLATION.search(value)
+            if match is None:
+                return value
+            body = match.group(1)
+            if body.startswith("oc.env:"):
+                default = body[len("oc.env:"):].partition(",")[2].strip()
+                result = None if default in ("", "null") else default
+            elif body.startswith("oc.decode:"):
+                result = yaml.safe_load(body[len("oc.decode:"):])
+            elif ":" in body:
+                raise ExtractionError(f"{relpath}: {here} uses the resolver {body.split(':')[0]!r}, which is not read")
+            else:
+                name = target(body.strip(), here)
+                if name in seen:
+                    raise ExtractionError(f"{relpath}: {here}: the interpolation {body!r} refers to itself")
+                if name in raw:
+                    result = resolve(raw[name][0], name, (*seen, name))
+                elif any(k.startswith(name + ".") for k in raw):
+                    raise _Section
+                else:
+                    raise ExtractionError(f"{relpath}: {here} interpolates {body!r}, which the file does not set")
+            if match.span() == (0, len(value)):
+                return result
+            value = value[: match.start()] + ("null" if result is None else str(result)) + value[match.end():]
+
+    values: dict[str, Value] = {}
+    for key, (value, line) in raw.items():
+        source = f"{relpath}:{line}"
+        if isinstance(value, str) and "${" in value:
+            try:
+                resolved = resolve(value, key, (key,))
+            except _Section:
+                resolved = value
+            if resolved is not value:
+                unset = ", no environment variable set" if "oc.env:" in value else ""
+                source = f"{source} ({value}{unset})"
+            value = resolved
+        values[key] = Value(value, source)
+    return values
+
+
 # ---------------------------------------------------------------------------------------------------- code facts
 def code_fact(checkout: Checkout, relpath: str, pattern: str, convert=ast.literal_eval,
               function: str | None = None) -> Value:
@@ -465,8 +556,9 @@ def write_data(preset: str, checkout: Checkout, launches: list[Launch], note: st
     """docs/official/data/<preset>.yaml: the launches, every value with its source, sorted keys."""
     import yaml
 
+    # the files the sources and entries cite (``file:line``; a paper's, official/papers.py, cite none)
     files = sorted({v.source.split(":")[0] for launch in launches for v in launch.values.values() if ":" in v.source}
-                   | {launch.entry.split(":")[0] for launch in launches if launch.entry})
+                   | {launch.entry.split(":")[0] for launch in launches if ":" in launch.entry})
     data = {
         "preset": preset,
         "repository": checkout.repository,

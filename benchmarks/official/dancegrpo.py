@@ -1,6 +1,11 @@
 """DanceGRPO's launches (XueZeyue/DanceGRPO): the paper's FLUX.1-dev run, scripts/finetune/finetune_flux_grpo.sh over
 fastvideo/train_grpo_flux.py's argparse defaults, the processes its torchrun starts, and the constants the training
-script (and the prompt-embedding script it reads its text embeddings from) hard-code."""
+script (and the prompt-embedding script it reads its text embeddings from) hard-code.
+
+- ``dancegrpo``: that run;
+- ``g2rpo``: G²RPO (bcmi/Granular-GRPO) is a fork of this FLUX training code that could only be read file by file
+  here, not checked out, so its launches are DanceGRPO's, and the keys where its run differs are listed in the map.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,15 @@ from official import Checkout, ExtractionError, Launch, ShellCommand, Value, arg
 
 REPOSITORY = "XueZeyue/DanceGRPO"
 ENV = "DANCEGRPO_PATH"
-PRESETS = ("dancegrpo",)
+PRESETS = ("dancegrpo", "g2rpo")
+NOTES = {
+    "g2rpo": "G²RPO (Granular-GRPO, bcmi/Granular-GRPO) builds on DanceGRPO's FLUX training code (its "
+             "fastvideo/train_g2rpo_hps.py is a fork of fastvideo/train_grpo_flux.py); its repository could only be "
+             "read file by file here, not checked out, so these are DanceGRPO's launches. Where G²RPO's run "
+             "(scripts/finetune/finetune_g2rpo_hps.sh) differs (an ODE trunk with one-step Flow-GRPO SDE branches at "
+             "steps 0-7, 12 children each, lr 2e-6, an optimizer step per branch step, its multi-granularity advantage) "
+             "is listed in docs/official/map/dancegrpo.yaml.",
+}
 
 SCRIPT = "fastvideo/train_grpo_flux.py"
 EMBED = "fastvideo/data_preprocess/preprocess_flux_embedding.py"

@@ -1,6 +1,7 @@
 """Write docs/official/data/<preset>.yaml from the official repositories' checkouts.
 
-    python benchmarks/official/extract.py                 every code base whose checkout variable is set
+    python benchmarks/official/extract.py                 every code base whose checkout variable is set (and
+                                                          papers, which needs none)
     python benchmarks/official/extract.py flow_grpo dgpo  those code bases (benchmarks/official/<code>.py)
     python benchmarks/official/extract.py --list          the code bases, their variables and presets
 
@@ -8,7 +9,9 @@ Each code base's module names its repository, the environment variable with the 
 checkout, or a folder whose COMMIT file names the commit of each file: docs/official/README.md), the presets that
 follow its code and ``launches(checkout, preset)``: every official launch of that preset, each value read from the
 checkout with its source. ml_collections configs are executed (``pip install -e ".[official]"``); nothing else of the
-checkout runs. A value the readers cannot find fails the extraction with the file and pattern.
+checkout runs. A value the readers cannot find fails the extraction with the file and pattern. ``papers``
+(benchmarks/official/papers.py) reads no checkout (its ``ENV`` is None): the presets whose code could not be read
+take the runs their papers state, written there as tables, its ``source(preset)`` standing in for the checkout.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from official import Checkout, ExtractionError, write_data  # noqa: E402
 
-CODES = ("flow_grpo", "diffusion_nft", "awm", "dgpo", "dancegrpo", "mixgrpo", "branchgrpo", "sage")
+CODES = ("flow_grpo", "diffusion_nft", "awm", "dgpo", "dancegrpo", "mixgrpo", "branchgrpo", "sage", "unirl", "papers")
 
 
 def module(code: str):
@@ -33,13 +36,15 @@ def module(code: str):
 
 def extract(code: str) -> list[Path]:
     mod = module(code)
-    checkout = Checkout.from_env(mod.REPOSITORY, mod.ENV)
+    # a code base with no checkout (ENV None: official/papers.py) gives each preset's source itself
+    checkout = Checkout.from_env(mod.REPOSITORY, mod.ENV) if mod.ENV else None
     written = []
     for preset in mod.PRESETS:
-        launches = mod.launches(checkout, preset)
+        source = checkout if checkout is not None else mod.source(preset)
+        launches = mod.launches(source, preset)
         if not launches:
             raise ExtractionError(f"{code}: no launches for {preset}")
-        written.append(write_data(preset, checkout, launches, getattr(mod, "NOTES", {}).get(preset, "")))
+        written.append(write_data(preset, source, launches, getattr(mod, "NOTES", {}).get(preset, "")))
     return written
 
 
@@ -51,10 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for code in CODES:
             mod = module(code)
-            state = os.environ.get(mod.ENV, "(not set)")
-            print(f"{code:14s} {mod.REPOSITORY:36s} {mod.ENV}={state}  presets: {', '.join(mod.PRESETS)}")
+            state = f"{mod.ENV}={os.environ.get(mod.ENV, '(not set)')}" if mod.ENV else "(no checkout)"
+            print(f"{code:14s} {mod.REPOSITORY:36s} {state}  presets: {', '.join(mod.PRESETS)}")
         return 0
-    codes = args.codes or [c for c in CODES if os.environ.get(module(c).ENV)]
+    # by default every code base whose checkout is set, and those that need none (their tables are here)
+    codes = args.codes or [c for c in CODES if not module(c).ENV or os.environ.get(module(c).ENV)]
     if not codes:
         print("no checkout is set; see --list for the variables", file=sys.stderr)
         return 2

@@ -121,12 +121,13 @@ class LossConfig:
 
 @dataclass
 class SoftCopyConfig:
-    """A soft copy θ_c ← λ·θ_c + (1 − λ)·θ of the trained weights, λ = min(rate·(n − delay), max) after
-    ``delay`` optimizer steps n (0 before): NFT's sampling policy, AWM's EMA, DGPO's ema_ref."""
+    """A soft copy θ_c ← λ·θ_c + (1 − λ)·θ of the trained weights, λ = min(start + rate·(n − delay), max) after
+    ``delay`` optimizer steps n (``start`` before): NFT's sampling policy, AWM's EMA, DGPO's ema_ref, CRD's copies."""
 
     rate: float = key(at_least(0), 0.001)  # λ grows by this per optimizer step
     max: float = key(between(0, 1), 0.5)  # λ's ceiling
-    delay: int = key(at_least(0), 0)  # optimizer steps with λ = 0 (the copy follows θ exactly)
+    delay: int = key(at_least(0), 0)  # optimizer steps with λ = start (0: the copy follows θ exactly)
+    start: float = key(between(0, 1), 0.0)  # λ before and at the delay, and where its ramp begins
 
 
 @dataclass
@@ -138,7 +139,12 @@ class NFTConfig:
 
 @dataclass
 class AWMConfig:
-    weighting: str = key(one_of("uniform", "t", "t2", "huber", "ghuber"), "ghuber")  # w in ℓ = −w·mean_D(v − u)²: uniform | t | t2 | huber | ghuber (the reference configs')
+    # w in ℓ = −w·mean_D(v − u)²: uniform | t | t2 | huber | ghuber (the reference configs') | adaptive (V-GRPO's and
+    # DiffusionNFT's x0 error normalised by its own detached size: ℓ = −mean_D(e²)/sg(max(mean_D|e|, 1e-5)), e = x̂0 − x0)
+    weighting: str = key(one_of("uniform", "t", "t2", "huber", "ghuber", "adaptive"), "ghuber")
+    # where the ratio is formed: draw (ρ = exp(ℓ_θ − ℓ_old) per training draw, AWM's) | sample (one ρ per sample from
+    # the mean of ℓ over its K draws inside the exp, V-GRPO's ELBO-surrogate ratio; a sample's draws stay together)
+    ratio: str = key(one_of("draw", "sample"), "draw")
     ghuber_power: float = key(above(0), 0.25)  # p of ghuber: ℓ = −t·((m + 1e-10)^p − 1e-10^p)/p, m = mean_D(v − u)²
     clip_range: float = key(above(0), 1.0)  # PPO ε on ρ = exp(ℓ_θ − ℓ_old) (the reference configs' 1.0)
     ema_kl_coef: float = key(at_least(0), 0.0)  # v-space KL to the EMA of the weights (the reference: 1.0, with kl_coef > 0)
@@ -155,6 +161,22 @@ class DGPOConfig:
     # roll out with ema_ref's weights once this many optimizer steps are taken (the reference code switches its
     # sampler to the EMA after 500 steps, 200 for OCR); 0 = always the current weights
     sample_with_ema_after: int = key(at_least(0), 0)
+
+
+@dataclass
+class CRDConfig:
+    beta: float = key(above(0), 1.0)  # β of the matched implicit reward β·(r_θ − mean r_θ) ≈ a − mean a
+    # the KL anchor: v-space KL to the base model's velocity at this CFG scale (CRD's CFG-anchored reference); None:
+    # the rollout's guidance
+    kl_cfg: Optional[float] = key(optional(at_least(0)), None)
+    # reward-adaptive KL: each sample's KL weighed by m + a·(1 − m), m = kl_floor/kl_coef, a its advantage in [0, 1]
+    # (a well-rewarded sample held closest to the anchor); false: kl_coef for every sample
+    reward_adaptive_kl: bool = key(FLAG, True)
+    kl_floor: float = key(at_least(0), 1e-4)
+    # the "old" policy of the implicit reward, followed after every iteration (CRD's OCR schedule: λ = min(0.25 +
+    # 0.005·n, 0.999)) and the sampling policy (λ = 0 for 75 steps, then min(0.0075·(n − 75), 0.999))
+    old: SoftCopyConfig = field(default_factory=lambda: SoftCopyConfig(rate=0.005, max=0.999, start=0.25))
+    sampler: SoftCopyConfig = field(default_factory=lambda: SoftCopyConfig(rate=0.0075, max=0.999, delay=75))
 
 
 @dataclass
@@ -184,6 +206,7 @@ class LearnerConfig:
     nft: NFTConfig = field(default_factory=NFTConfig)
     awm: AWMConfig = field(default_factory=AWMConfig)
     dgpo: DGPOConfig = field(default_factory=DGPOConfig)
+    crd: CRDConfig = field(default_factory=CRDConfig)
 
 
 @dataclass
@@ -298,6 +321,7 @@ LEARNERS = {
     "diffusion_nft": "flowgrpo.engine.learners.nft:NFTLearner",
     "awm": "flowgrpo.engine.learners.awm:AWMLearner",
     "dgpo": "flowgrpo.engine.learners.dgpo:DGPOLearner",
+    "crd": "flowgrpo.engine.learners.crd:CRDLearner",
 }
 
 

@@ -43,12 +43,13 @@ def warmed_decay(decay: float) -> Callable[[int], float]:
     return lambda n: min(decay, (1 + n) / (10 + n))
 
 
-def soft_keep(rate: float, ceiling: float, delay: int = 0) -> Callable[[int], float]:
-    """λ(n) = min(rate·(n − delay), ceiling) for n > delay optimizer steps, else 0 (the copy follows exactly)."""
+def soft_keep(rate: float, ceiling: float, delay: int = 0, start: float = 0.0) -> Callable[[int], float]:
+    """λ(n) = min(start + rate·(n − delay), ceiling) for n > delay optimizer steps, else ``start`` (0: the copy
+    follows exactly; CRD's old policy starts at λ = 0.25)."""
 
     def keep(n: int) -> float:
         after = n - delay
-        return 0.0 if after <= 0 else min(rate * after, ceiling)
+        return start if after <= 0 else min(start + rate * after, ceiling)
 
     return keep
 

@@ -9,10 +9,12 @@ import math
 import pytest
 import torch
 
-from flowgrpo.engine.learners.awm import awm_log_likelihood, awm_loss
+from flowgrpo.engine.learners.awm import awm_log_likelihood, awm_loss, per_sample
+from flowgrpo.engine.learners.crd import centred, crd_loss, implicit_reward
 from flowgrpo.engine.learners.dgpo import dgpo_clip_mask, dgpo_group_objective
 from flowgrpo.models.copies import WeightCopy, soft_keep
-from flowgrpo.engine.learners.nft import nft_loss, optimality_probability
+from flowgrpo.engine.learners.forward import optimality_probability
+from flowgrpo.engine.learners.nft import nft_loss
 from train_fixtures import analytic_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -90,8 +92,55 @@ def test_awm_log_likelihood_weightings_by_hand():
     close(awm_log_likelihood(v, u, t, "t2"), [-0.625])
     close(awm_log_likelihood(v, u, t, "huber"), [-(math.sqrt(2.5 + 1e-10) - 1e-5) * 0.5])
     close(awm_log_likelihood(v, u, t, "ghuber", 0.25), [-0.5 * ((2.5 + 1e-10) ** 0.25 - 1e-10**0.25) / 0.25])
+    # adaptive (V-GRPO): e = t·(u − v) = 0.5·[−1, −2]; mean(e²) = 0.625, its size mean|e| = 0.75: ℓ = −0.625/0.75
+    close(awm_log_likelihood(v, u, t, "adaptive"), [-0.625 / 0.75])
+    # the size is detached: ∂ℓ/∂v = −t²·∂m/∂v / size = −0.25·(2·(v − u)/2)/0.75 = −[1, 2]/3
+    v_grad = v.clone().requires_grad_(True)
+    awm_log_likelihood(v_grad, u, t, "adaptive").sum().backward()
+    close(v_grad.grad, [[-1 / 3, -2 / 3]])
+    # the floor: an error below 1e-5 in size is divided by 1e-5
+    tiny, zero = torch.full((1, 2), 1e-7, dtype=torch.float64), torch.zeros(1, 2, dtype=torch.float64)
+    close(awm_log_likelihood(tiny, zero, torch.ones(1, dtype=torch.float64), "adaptive"), [-(1e-7**2) / 1e-5])
     with pytest.raises(ValueError, match="weighting"):
         awm_log_likelihood(v, u, t, "cubic")
+
+
+def test_v_grpo_sample_ratio_averages_the_draws_inside_the_exp():
+    """ratio=sample: ρ_i = exp(mean_k ℓ_θ − mean_k ℓ_old) over sample i's draws (rows member-major, ``index``)."""
+    lik = torch.tensor([-1.0, -3.0, -0.5, -0.5, -0.5], dtype=torch.float64)
+    lik_old = torch.tensor([-2.0, -2.2, -0.5, -0.5, -0.9], dtype=torch.float64)
+    index = torch.tensor([0, 0, 1, 1, 1])
+    close(per_sample(lik, index, 2), [-2.0, -0.5])
+    close(per_sample(lik_old, index, 2), [-2.1, -19 / 30])
+    _, ratio = awm_loss(per_sample(lik, index, 2), per_sample(lik_old, index, 2), torch.ones(2), clip_range=1.0)
+    close(ratio, [math.exp(0.1), math.exp(-0.5 + 19 / 30)])  # not the mean of the per-draw ratios
+
+
+# ------------------------------------------------------------------------------------------------
+# CRD
+# ------------------------------------------------------------------------------------------------
+def test_crd_implicit_reward_and_centred_loss_by_hand():
+    # one draw, d = 2; u = 0. Sample 0: v_θ = [1, 1] (err² mean 1, size 1 → 1), v_old = [2, 0] (mean 2, size 1 → 2)
+    #   r_θ = −(1 − 2) = 1. Sample 1: v_θ = v_old = [0.5, −0.5] → r_θ = 0. Sample 2 (another group): r_θ = 0.
+    u = torch.zeros(3, 2, dtype=torch.float64)
+    v_theta = torch.tensor([[1.0, 1.0], [0.5, -0.5], [3.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    v_old = torch.tensor([[2.0, 0.0], [0.5, -0.5], [3.0, 0.0]], dtype=torch.float64)
+    r = implicit_reward(v_theta, v_old, u)
+    close(r.detach(), [1.0, 0.0, 0.0])
+    assert torch.equal(implicit_reward(v_old, v_old, u), torch.zeros(3, dtype=torch.float64))  # θ = θ_old: exactly 0
+    # group {0, 1}: a = [1, 0.5] → centred [0.25, −0.25]; r centred (mean 0.5, detached) → [0.5, −0.5]
+    # β = 1, A_max = 5: L = 5·(0.5 − 0.25)² = 0.3125 for both; the lone sample of group 7: 5·(0 − 0)² = 0
+    groups = torch.tensor([0, 0, 7])
+    a = torch.tensor([1.0, 0.5, 0.9], dtype=torch.float64)
+    assert centred(a, groups)[0].tolist() == [0.25, -0.25, 0.0]
+    loss = crd_loss(r, a, groups, beta=1.0, adv_max=5.0)
+    close(loss.detach(), [0.3125, 0.3125, 0.0])
+    # β = 2: (A_max/β)·(β·r_c − a_c)² = 2.5·(1 − 0.25)² = 1.40625 each
+    close(crd_loss(r.detach(), a, groups, beta=2.0, adv_max=5.0), [1.40625, 1.40625, 0.0])
+    # the group mean of r_θ carries no gradient: ∂L0/∂r0 = 5·2·0.25 = 2.5, ∂L1/∂r1 = −2.5 (not through the mean)
+    r_leaf = r.detach().clone().requires_grad_(True)
+    crd_loss(r_leaf, a, groups, beta=1.0, adv_max=5.0).sum().backward()
+    close(r_leaf.grad, [2.5, -2.5, 0.0])
 
 
 def test_awm_ratio_is_exactly_one_on_the_rollout_policy_and_its_clip_cases():
@@ -202,6 +251,8 @@ def test_soft_copy_schedule_and_update():
     assert [keep(n) for n in (0, 1, 100, 499, 500, 10_000)] == [0.0, 0.001, 0.1, 0.499, 0.5, 0.5]
     delayed = soft_keep(rate=0.0075, ceiling=0.999, delay=75)  # NFT's OCR schedule
     assert [delayed(n) for n in (0, 75, 76, 275)] == [0.0, 0.0, 0.0075, 0.999]
+    started = soft_keep(rate=0.005, ceiling=0.999, start=0.25)  # CRD's old policy: min(0.25 + 0.005·n, 0.999)
+    close([started(n) for n in (0, 1, 100, 149, 150, 1000)], [0.25, 0.255, 0.75, 0.995, 0.999, 0.999])
     p[0] += torch.tensor([1.0, 2.0])
     copy.follow(p, 100)  # θ_c ← 0.1·θ_c + 0.9·θ
     close(copy.values[0], [0.9, 1.8])

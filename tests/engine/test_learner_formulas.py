@@ -523,6 +523,34 @@ def test_rollout_tree_node_values_and_depthwise_advantages():
     close(rec.transition_values(leaf_rewards)[first], [2.0, 8.0], rtol=1e-12, atol=0)
 
 
+def test_treegrpo_carries_the_leaves_z_scores_up_without_normalising_per_depth():
+    """advantage.tree_norm=leaves (TreeGRPO): each prompt's leaves are z-scored once (prompt 0: rewards 1, 3, 5, 11,
+    mean 5, population std √14), a node's advantage is the mean of its leaves' (node 1: (−4 − 2)/2/√14, node 2:
+    (0 + 6)/2/√14); depth (BranchGRPO) z-scores the node values [2, 8] among their depth instead: ∓3/3."""
+    from types import SimpleNamespace
+
+    from flowgrpo.engine import credit
+
+    rec = _branch_record()
+    rewards = torch.tensor(LEAVES[0] + LEAVES[1]).unsqueeze(1)
+    cfg = SimpleNamespace(multi_reward="gdpo", eps=1e-4, std_correction=0, std="group", diversity=False,
+                          tree_value="mean", tree_beta=1.0, tree_norm="leaves", best_of_n=0, clip=5.0,
+                          tied_groups="train")
+
+    def step0(norm):
+        cfg.tree_norm = norm
+        adv, _ = credit.assign([rec], [[0, 1]], rewards, torch.ones(1), cfg, True, lambda t: t, 0)
+        first = (rec.step == 0) & (rec.prompt == 0)
+        return adv.transitions[0][first], adv.leaves[0][:4]
+
+    s = math.sqrt(14) + 1e-4
+    edges, leaves = step0("leaves")
+    close(edges, [-3 / s, 3 / s], rtol=1e-6, atol=1e-6)
+    close(leaves, [-4 / s, -2 / s, 0.0, 6 / s], rtol=1e-6, atol=1e-6)  # a leaf keeps its own z-score
+    edges, _ = step0("depth")
+    close(edges, [-3 / (3 + 1e-4), 3 / (3 + 1e-4)], rtol=1e-6, atol=1e-6)
+
+
 def test_path_weighted_values_beta_zero_is_the_plain_mean_and_beta_one_is_a_softmax():
     rec = _branch_record()
     leaf_rewards = torch.tensor(LEAVES[0] + LEAVES[1])

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import samplers
-from flowgrpo.config import load_config
+from flowgrpo.config import LEARNERS, load_config
 from flowgrpo.data import read_prompts
 from flowgrpo.evaluate import evaluate
 from flowgrpo.models.analytic import mixture_velocity
@@ -69,9 +69,9 @@ def test_every_preset_raises_the_reward(preset, tmp_path):
 
 
 # the controls run once per learner and per credit rule (not per preset: every preset keeps its learning test above):
-# the transition learner with a chain's group z-scores, a tree's depth-wise values and TempFlow's siblings, and the
-# three forward-process learners
-CONTROLS = ["flow_grpo", "branchgrpo", "tempflow", "diffusion_nft", "awm", "dgpo"]
+# the transition learner with a chain's group z-scores, a tree's depth-wise values (BranchGRPO), its leaves' z-scores
+# carried up (TreeGRPO) and TempFlow's siblings, and the four forward-process learners
+CONTROLS = ["flow_grpo", "branchgrpo", "treegrpo", "tempflow", "diffusion_nft", "awm", "dgpo", "crd"]
 
 
 def test_the_controls_cover_every_learner_and_credit_rule():
@@ -80,8 +80,9 @@ def test_the_controls_cover_every_learner_and_credit_rule():
         cfg = load_config(preset, None, [], base=str(configs_dir() / "analytic.yaml"))
         plan = samplers.build_schedule(dict(cfg.sampling.plan), dict(cfg.sampling.window) or None).plan(0)
         learners.add(cfg.learner.name)
-        rules.add("tree" if plan.branches else "siblings" if any(s.side for s in plan.steps) else "group")
-    assert learners == {"transition", "diffusion_nft", "awm", "dgpo"} and rules == {"group", "tree", "siblings"}
+        tree = f"tree-{cfg.advantage.tree_norm}"
+        rules.add(tree if plan.branches else "siblings" if any(s.side for s in plan.steps) else "group")
+    assert learners == set(LEARNERS) and rules == {"group", "tree-depth", "tree-leaves", "siblings"}
 
 
 @pytest.mark.parametrize("preset", CONTROLS)
@@ -118,6 +119,8 @@ RECIPE_MECHANISMS = {  # id -> (preset, overrides)
     "sage-kl": ("sage", ("loss.anchor_kl_coef=1e-5", "loss.rollout_kl_coef=1e-6", "loss.anchor_kl_schedule=sage")),
     # Muon moves a weight's elements by about 0.2·lr (RMS), Adam's first steps by lr: on the analytic network 3e-3
     # gains +0.08 in 120 iterations (seed 0), so 1.5e-2
+    # Flow-DPPO's trust region acts from an iteration's second optimizer step on (its recipe takes two)
+    "flow_dppo-two-steps": ("flow_dppo", ("train.updates_per_epoch=2",)),
     "sage-muon": ("sage", ("loss.anchor_kl_coef=1e-5", "loss.rollout_kl_coef=1e-6", "loss.anchor_kl_schedule=sage",
                            "train.optimizer=muon", "train.adam_betas=[0.95,0.95]", "train.learning_rate=1.5e-2")),
 }

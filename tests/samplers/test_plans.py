@@ -216,6 +216,33 @@ def test_frozen_and_random_windows():
     assert counts.numel() == 22 and counts.min() > 50  # uniform over [0, 21]
 
 
+def test_geometric_window_draws_truncated_geometric_starts():
+    """TreeGRPO's draw: P(l) ∝ r^l over [low, high], a pure function of (seed, iteration)."""
+    schedule = WindowSchedule(10, 3, "geometric", ratio=0.5, high=6, seed=3)
+    starts = _positions(schedule, 4000)
+    counts = torch.bincount(torch.tensor(starts), minlength=7).double()
+    expected = torch.tensor([0.5**k for k in range(7)], dtype=torch.float64)
+    expected = expected / expected.sum() * 4000
+    assert counts.numel() == 7 and float(((counts - expected).abs() / expected.sqrt()).max()) < 4.5  # within ~4 sd
+    assert _positions(WindowSchedule(10, 3, "geometric", ratio=0.5, high=6, seed=3), 50) == starts[:50]
+    assert WindowSchedule(10, 3, "geometric", high=6).extreme_starts() == (0, 6)
+    with pytest.raises(ValueError, match="ratio"):
+        WindowSchedule(10, 3, "geometric", ratio=1.0)
+
+
+def test_branch_window_splits_every_window_step_into_a_tree():
+    """plan.branch_window (TreeGRPO): each of the window's w steps splits in k, ODE elsewhere: k^w leaves per root,
+    the window's edges the trained ones; refused without a window."""
+    plan = compose_plan(10, kernel="flow_sde", window=(2, 3), branch_factor=3, branch_window=True,
+                                 split_noise="independent")
+    assert [s.branch for s in plan.steps] == [1, 1, 3, 3, 3, 1, 1, 1, 1, 1]
+    assert [i for i, s in enumerate(plan.steps) if s.trained] == [2, 3, 4]
+    assert [i for i, s in enumerate(plan.steps) if s.stochastic] == [2, 3, 4]
+    assert plan.counts()["leaves"] == 27 and plan.roots_per_prompt == 1
+    with pytest.raises(ValueError, match="window"):
+        compose_plan(10, branch_window=True)
+
+
 def test_schedule_state_round_trips():
     for strategy in ("progressive", "linear_decay", "exp_decay"):
         reference = WindowSchedule(25, 4, strategy, interval=5, roll_back=True)

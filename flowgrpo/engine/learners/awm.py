@@ -7,13 +7,17 @@ forward-process draw (t, ε), ℓ = −w·mean_D(v − u)² with u = ε − x0:
 
     uniform: w = 1   t: w = t   t2: w = t²   huber: −(√(m + 1e-10) − 1e-5)·t
     ghuber (the reference configs' default, p = 0.25): ℓ = −t·((m + 1e-10)^p − 1e-10^p)/p,  m = mean_D(v − u)²
+    adaptive (V-GRPO's "adaptive loss weighting", DiffusionNFT's x0 loss): the x0-prediction error e = x̂0 − x0 =
+        t·(u − v) over its own detached mean size: ℓ = −mean_D(e²)/sg(max(mean_D|e|, 1e-5))
 
 and trains it with PPO's clipped ratio ρ = exp(ℓ_θ − ℓ_old) (ℓ_old: the rollout policy on the same
 draw), the advantage scaled to [−1, 1] (A/A_max, as the reference code):
 
     L = mean over rows of max(−A·ρ, −A·clip(ρ, 1 − ε, 1 + ε)) + kl·mean_D(v_θ − v_ref)² + kl_ema·mean_D(v_θ − v_ema)²
 
-ρ = 1 exactly at inner epoch 0 before the first step (``max_abs_ratio_minus_1_epoch0``). The EMA
+With ``ratio=sample`` (V-GRPO, arXiv 2604.23380: the ELBO surrogate of the whole sample) one ratio per sample
+ρ_i = exp(mean_k ℓ_θ(k) − mean_k ℓ_old(k)) over its K draws, clipped once against A_i; each sample then weighs
+as its K rows did. ρ = 1 exactly at inner epoch 0 before the first step (``max_abs_ratio_minus_1_epoch0``). The EMA
 (``learner.awm.ema``: λ = min(0.001·n, 0.3), updated after each iteration) serves its KL term and,
 with ``sample_with_ema``, off-policy rollouts (ℓ_old then comes from the EMA weights).
 """
@@ -41,7 +45,10 @@ def awm_log_likelihood(v: torch.Tensor, u: torch.Tensor, t: torch.Tensor, weight
         return -(torch.sqrt(m + 1e-10) - 1e-5) * t
     if weighting == "ghuber":
         return -t * ((m + 1e-10) ** power - 1e-10**power) / power
-    raise ValueError(f"learner.awm.weighting={weighting!r}; use uniform, t, t2, huber or ghuber")
+    if weighting == "adaptive":  # e = t·(u − v): mean_D(e²) = t²·m, its size t·mean_D|v − u| (detached)
+        size = (t * (v - u).abs().flatten(1).mean(1)).detach().clamp(min=1e-5)
+        return -t.square() * m / size
+    raise ValueError(f"learner.awm.weighting={weighting!r}; use uniform, t, t2, huber, ghuber or adaptive")
 
 
 def awm_loss(log_lik: torch.Tensor, log_lik_old: torch.Tensor, advantages: torch.Tensor, clip_range: float):
@@ -50,9 +57,21 @@ def awm_loss(log_lik: torch.Tensor, log_lik_old: torch.Tensor, advantages: torch
     return ppo_clip(ratio, advantages.to(ratio), clip_range), ratio.detach()
 
 
+def per_sample(values: torch.Tensor, index: torch.Tensor, members: int) -> torch.Tensor:
+    """The mean of per-row ``values`` [R] over each member's rows (``index`` [R]: its member) -> [members]."""
+    total = torch.zeros(members, dtype=values.dtype, device=values.device).index_add(0, index, values)
+    count = torch.zeros(members, dtype=values.dtype, device=values.device).index_add(0, index, torch.ones_like(values))
+    return total / count
+
+
 class AWMLearner(ForwardLearner):
     name = "awm"
     contract = ("max_abs_ratio_minus_1", "max_abs_ratio_minus_1_epoch0")
+
+    @property
+    def unit(self) -> str:
+        """A sample's draws stay in one micro-batch when its ratio is formed over them (``ratio=sample``)."""
+        return "sample" if self.cfg.learner.awm.ratio == "sample" else "row"
 
     def __init__(self, cfg, policy):
         super().__init__(cfg, policy)
@@ -70,7 +89,7 @@ class AWMLearner(ForwardLearner):
     def micro_loss(self, work, members, epoch, first, real):
         lc = self.cfg.learner
         awm = lc.awm
-        _, x_t, t, u, cond, adv, _, _ = self.rows(members, work, epoch)
+        _, x_t, t, u, cond, adv, index, _ = self.rows(members, work, epoch)
         # every no-gradient call first: a copy's weights are swapped into the parameters in place
         v_old = self.velocity(x_t, t, cond, weights=self.old)
         v_ref = self.velocity(x_t, t, cond, weights=REFERENCE) if lc.kl_coef > 0 else None
@@ -78,7 +97,13 @@ class AWMLearner(ForwardLearner):
         v = self.velocity(x_t, t, cond)
         lik = awm_log_likelihood(v, u, t, awm.weighting, awm.ghuber_power)
         lik_old = awm_log_likelihood(v_old, u, t, awm.weighting, awm.ghuber_power)
-        loss, ratio = awm_loss(lik, lik_old, adv / lc.adv_max, awm.clip_range)
+        if awm.ratio == "sample":  # one ratio per sample from its draws' mean ℓ; the sample weighs as its K rows
+            n = len(members)
+            loss, ratio = awm_loss(per_sample(lik, index, n), per_sample(lik_old, index, n),
+                                   per_sample(adv, index, n) / lc.adv_max, awm.clip_range)
+            loss, ratio = loss[index], ratio[index]
+        else:
+            loss, ratio = awm_loss(lik, lik_old, adv / lc.adv_max, awm.clip_range)
         total = loss.sum()
         d = {"ratio_mean": ratio, "max_abs_ratio_minus_1": (ratio - 1).abs(),
              "clip_frac": ((ratio - 1).abs() > awm.clip_range).float()}

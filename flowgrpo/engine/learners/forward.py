@@ -41,9 +41,14 @@ from samplers.grids import STREAM_FORWARD_UPDATE_ORDER, STREAM_TRAIN_DRAWS
 
 
 
+def optimality_probability(advantages: torch.Tensor, adv_max: float) -> torch.Tensor:
+    """r = clamp(½ + ½·A/A_max, 0, 1): how likely a sample is to come from the better policy (NFT's r, CRD's a)."""
+    return (0.5 + 0.5 * advantages / adv_max).clamp(0.0, 1.0)
+
+
 def soft_copy(policy, name: str, cfg, follows: str) -> WeightCopy:
     """A copy of the weights on the soft schedule of ``cfg`` (a SoftCopyConfig: rate, max, delay)."""
-    return policy.copy(name, soft_keep(cfg.rate, cfg.max, cfg.delay), follows)
+    return policy.copy(name, soft_keep(cfg.rate, cfg.max, cfg.delay, cfg.start), follows)
 
 
 @dataclass
@@ -105,7 +110,9 @@ class ForwardLearner(Learner):
 
     needs_transitions = False
     trained_metric = "trained_samples"
-    unit = "row"  # what a micro-batch never splits: a row (sample, draw), "group_draw" (a group on one draw), "group"
+    # what a micro-batch never splits: a row (sample, draw), "sample" (a sample's K draws), "group_draw" (a group on one
+    # draw), "group"
+    unit = "row"
 
     def describe(self, leaves_per_prompt: int, trained_per_prompt: int) -> str:
         t, K = self.cfg.train, self.cfg.learner.train_times
@@ -206,6 +213,8 @@ class ForwardLearner(Learner):
                 units.append((len(by_group[g]) * K, [(i, k) for i in by_group[g] for k in range(K)]))
             elif unit == "group_draw":
                 units += [(len(by_group[g]), [(i, k) for i in by_group[g]]) for k in range(K)]
+            elif unit == "sample":
+                units += [(K, [(i, k) for k in range(K)]) for i in by_group[g]]
             else:
                 units += [(1, [(i, k)]) for i in by_group[g] for k in range(K)]
         parts, rows, cells = [], 0, []

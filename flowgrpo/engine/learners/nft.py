@@ -23,17 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from flowgrpo.engine.learners.forward import ForwardLearner, soft_copy
+from flowgrpo.engine.learners.forward import ForwardLearner, optimality_probability, soft_copy
 from flowgrpo.engine.policy import REFERENCE
 
 
 def _mean_d(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(1).mean(1)
-
-
-def optimality_probability(advantages: torch.Tensor, adv_max: float) -> torch.Tensor:
-    """r = clamp(½ + ½·A/A_max, 0, 1): how likely a sample is to come from the better policy."""
-    return (0.5 + 0.5 * advantages / adv_max).clamp(0.0, 1.0)
 
 
 def nft_loss(v_theta, v_old, x_t, x0, t, advantages, *, beta: float, adv_max: float):
