@@ -147,9 +147,14 @@ def section(preset: str) -> tuple[str, list[str]]:
     launches = data["launches"]
     lines = [f"## `{preset}`", ""]
     commits = sorted(set(data["commits"].values()))
-    lines.append(f"Official code: [{data['repository']}](https://github.com/{data['repository']}) at "
-                 + ", ".join(f"`{c[:7]}`" for c in commits) + f" (map: [official/map/{code}.yaml](official/map/{code}.yaml),"
-                 f" data: [official/data/{preset}.yaml](official/data/{preset}.yaml)). Launches read:")
+    where = f"(map: [official/map/{code}.yaml](official/map/{code}.yaml), data: [official/data/{preset}.yaml](official/data/{preset}.yaml))"
+    if data["repository"].startswith("arXiv "):  # a paper's stated run: its code could not be read
+        paper = data["repository"].split()[1]
+        lines.append(f"Official code: not readable here; the run its paper states, [{data['repository']}]"
+                     f"(https://arxiv.org/abs/{paper}) {where}. Launches read:")
+    else:
+        lines.append(f"Official code: [{data['repository']}](https://github.com/{data['repository']}) at "
+                     + ", ".join(f"`{c[:7]}`" for c in commits) + f" {where}. Launches read:")
     lines.append("")
     for name, launch in launches.items():
         lines.append(f"- `{name}` ({launch['entry']}): `--model {launch['model']}`, rewards "

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 import re
 
-from official import (Checkout, ExtractionError, Launch, Value, code_fact, dataclass_defaults, yaml_values)
+from official import Checkout, ExtractionError, Launch, Value, code_fact, dataclass_defaults, yaml_values
 
 REPOSITORY = "Tencent-Hunyuan/UniRL"
 ENV = "UNIRL_PATH"
@@ -163,10 +163,6 @@ def _launch_values(checkout: Checkout) -> dict[str, Value]:
 
 
 # --------------------------------------------------------------------------------------------- code facts
-def _keywords(text: str) -> list[str]:
-    return sorted(k.strip() for k in re.findall(r"(\w+)\s*=", text))
-
-
 def code_facts(checkout: Checkout) -> dict[str, Value]:
     """The constants the loss, the sampler, the scheduler, the advantage and the training stack fix, each at its
     line."""
@@ -178,10 +174,12 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
         # ---- the rollout's σ grid: torch.linspace (float32, no dtype given), then the static shift; the engine's
         # policy takes the pipeline's shift (SD3Pipeline has no build_schedule_policy; SD3.5-Medium's scheduler config
         # has no dynamic shifting, and a hub name that is no local folder is the static policy outright)
-        "code.sigma_grid": fact(RUNTIME, r"t = (torch\.linspace\(1\.0, 0\.0, num_steps \+ 1\))", function="get_sigma_schedule"),
+        "code.sigma_grid": fact(RUNTIME, r"t = (torch\.linspace\(1\.0, 0\.0, num_steps \+ 1\))",
+                                function="get_sigma_schedule"),
         "code.time_shift": fact(RUNTIME, r"sigmas = (\(shift \* t\) / \(1 \+ \(shift - 1\) \* t\))",
                                 function="get_sigma_schedule"),
-        "code.schedule_shift": fact(ENGINE, r"FlowMatchSchedulePolicy\.from_pretrained\([\s\S]{0,200}?shift=float\((pipeline\.shift)\)"),
+        "code.schedule_shift": fact(ENGINE, r"FlowMatchSchedulePolicy\.from_pretrained\([\s\S]{0,200}?"
+                                            r"shift=float\((pipeline\.shift)\)"),
         # ---- the Flow-SDE step (FlowSDEStrategy): σ_t = η·√(σ/(1 − σ)), σ_1 in place of σ at σ = 1, s = σ_t·√Δ
         "code.sde_std": _flow_sde(checkout, r"std_dev_t = (torch\.sqrt\(sigma / \(1 - torch\.where\(sigma == 1, "
                                             r"sigma_max, sigma\)\)\) \* eta)"),
@@ -190,9 +188,10 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
                                              r"\(2 \* sigma\)\) \* dt)\s*\)", lambda t: " ".join(t.split())),
         "code.sde_noise_std": _flow_sde(checkout, r"std_var = (std_dev_t \* torch\.sqrt\(-dt\))"),
         "code.sigma_max": fact(STAGE, r"sigma_max = (schedule\[1\])\.float\(\) if", function="diffuse"),
-        "code.log_prob": _flow_sde(checkout, r"log_prob = \(\s*(-\(\(prev_sample\.detach\(\) - prev_sample_mean\) \*\* 2\) "
-                                             r"/ \(2 \* std_var\*\*2\)\s*- torch\.log\(std_var\)\s*- 0\.5 \* math\.log\(2 "
-                                             r"\* math\.pi\))\s*\)", lambda _: "gaussian", "compute_log_prob"),
+        "code.log_prob": _flow_sde(checkout, r"log_prob = \(\s*(-\(\(prev_sample\.detach\(\) - prev_sample_mean\) "
+                                             r"\*\* 2\) / \(2 \* std_var\*\*2\)\s*- torch\.log\(std_var\)\s*"
+                                             r"- 0\.5 \* math\.log\(2 \* math\.pi\))\s*\)",
+                                   lambda _: "gaussian", "compute_log_prob"),
         # SDEStrategy._finalize_logp, which every SDE strategy inherits
         "code.log_prob_reduce": fact(KERNELS, r"log_prob = log_prob\.(mean)\(dim=tuple\(range\(1, log_prob\.ndim\)\)\)"),
         # every step outside the SDE steps runs the same kernel at η = 0: μ = x + v·dt, Euler
@@ -203,7 +202,8 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
         # ---- the SDE steps: num_sde_steps distinct indices of range(int(T·f0), int(T·f1)), one draw per rollout
         # (np.random.default_rng(rollout index)) for every sample of it
         "code.sde_pool": fact(SCHEDULER, r"pool = (list\(range\(self\._effective_start, self\._effective_end\)\))"),
-        "code.sde_pool_bounds": fact(SCHEDULER, r"self\._effective_start = (int\(num_timesteps \* self\._fraction_start\))"),
+        "code.sde_pool_bounds": fact(SCHEDULER,
+                                     r"self\._effective_start = (int\(num_timesteps \* self\._fraction_start\))"),
         "code.sde_step_draw": fact(SCHEDULER, r"chosen = rng\.(choice)\(pool, size=self\.num_sde_steps, replace=False\)"),
         "code.sde_step_seed": fact(SCHEDULER, r"seed = (0 if step is None else int\(step\))"),
         # every SDE step is trained
@@ -214,17 +214,21 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
         "code.ratio": fact(ALGORITHM, r"log_diff = (new_logp - old_logp)\n\s*ratio = torch\.exp\(log_diff\)"),
         "code.policy_term": fact(ALGORITHM, r"unclipped_loss = (-adv \* ratio)"),
         "code.kl": fact(ALGORITHM, r"return (\(p - q\) \*\* 2 / \(2 \* sigma\*\*2\))", function="_gaussian_kl_div"),
-        "code.kl_reduce": fact(ALGORITHM, r"kl_per_sample = kl_per_elem\.(mean)\(dim=tuple\(range\(2, kl_per_elem\.ndim\)\)\)"),
+        "code.kl_reduce": fact(ALGORITHM,
+                               r"kl_per_sample = kl_per_elem\.(mean)\(dim=tuple\(range\(2, kl_per_elem\.ndim\)\)\)"),
         "code.kl_sigma": fact(ALGORITHM, r"sigma_t = (std_dev_t \* torch\.sqrt\(-dt\))", function="_compute_sigma_t"),
-        "code.kl_sigma_cap": fact(ALGORITHM, r"std_dev_t = torch\.sqrt\(s / \(1\.0 - torch\.clamp\(s, max=([\d.]+)\)\)\) \* eta",
+        "code.kl_sigma_cap": fact(ALGORITHM,
+                                  r"std_dev_t = torch\.sqrt\(s / \(1\.0 - torch\.clamp\(s, max=([\d.]+)\)\)\) \* eta",
                                   float, "_compute_sigma_t"),
         "code.kl_keep": fact(ALGORITHM, r"kl_mask = (kl_per_sample < kl_mask_threshold)"),
         "code.mask_positive": fact(ALGORITHM, r"pos_rm_mask = (\(~kl_mask\) & \(ratio > 1\.0\) & \(adv > 0\))"),
         "code.mask_negative": fact(ALGORITHM, r"neg_rm_mask = (\(~kl_mask\) & \(ratio < 1\.0\) & \(adv < 0\))"),
         "code.masked_value": fact(ALGORITHM, r"loss_per_elem = torch\.where\(keep_adv_mask, unclipped_loss, (zero)\)"),
-        "code.loss_reduce": fact(ALGORITHM, r"loss = (loss_per_elem\.mean\(\))", function="compute_loss_and_backward"),
+        "code.loss_reduce": fact(ALGORITHM, r"loss = (loss_per_elem\.mean\(\))",
+                                 function="compute_loss_and_backward"),
         "code.micro_loss_scale": fact(STACK, r"loss_scale = (1\.0 / len\(micro_slices\))", function="train"),
-        "code.loss_terms": fact(ALGORITHM, r"\((loss \* loss_scale)\)\.backward\(\)", function="compute_loss_and_backward"),
+        "code.loss_terms": fact(ALGORITHM, r"\((loss \* loss_scale)\)\.backward\(\)",
+                                function="compute_loss_and_backward"),
         # π_old (its log-prob and its transition means) frozen once, before the optimizer steps
         "code.anchor_fields": fact(ALGORITHM, r"anchor_fields = (\(\"sde_logp\", \"sde_means\"\))",
                                    lambda t: list(ast.literal_eval(t))),
@@ -232,7 +236,8 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
         "code.advantage": fact(TRACK, r"adv = (\(reshaped - mean\) / std)", function="compute_advantages"),
         "code.advantage_global_std": fact(TRACK, r"std = (rewards\.std\(\) \+ eps)", function="compute_advantages"),
         "code.advantage_eps": fact(TRACK, r"eps: float = ([\d.e-]+),", float, "compute_advantages"),
-        "code.advantage_call": fact(TRAINER, r"track\.compute_advantages\((normalize=True), use_global_std=", function="train_step"),
+        "code.advantage_call": fact(TRAINER, r"track\.compute_advantages\((normalize=True), use_global_std=",
+                                    function="train_step"),
         # ---- the optimizer steps: each process's contiguous shard cut into num_updates_per_batch contiguous slices
         "code.update_slices": fact(STACK, r"return tuple\((\(i \* mini_batch_size, \(i \+ 1\) \* mini_batch_size\)) "
                                           r"for i in range\(n\)\)", function="_build_mini_batch_slices"),

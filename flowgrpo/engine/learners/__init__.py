@@ -4,6 +4,10 @@
     diffusion_nft   DiffusionNFT, forward-process negative-aware fine-tuning (docs/math.md §5)
     awm             Advantage Weighted Matching (docs/math.md §5)
     dgpo            Direct Group Preference Optimization (docs/math.md §5)
+    crd             Centered Reward Distillation (docs/math.md §5)
+
+Their names and classes are one registry, ``flowgrpo.config.schema.LEARNERS`` (the config checks a run's learner
+before anything loads).
 
 A learner is built with the run's config and the policy (flowgrpo/engine/policy.py), never with the loop.
 """
