@@ -176,4 +176,6 @@ def test_full_finetune_trains_every_transformer_weight(flux_folder):
     model = load(flux_folder, finetune="full")
     assert len(model.trainable_parameters()) == len(list(model.transformer.parameters()))
     assert model.reference_mode == "frozen_copy"
-    assert not any(p.requires_grad for p in model._reference_transformer.parameters())
+    # the frozen reference: a WeightCopy of every trained weight, never trained itself
+    assert len(model.reference_copy.values) == len(model.trainable_parameters())
+    assert not any(v.requires_grad for v in model.reference_copy.values)
