@@ -27,6 +27,7 @@ REGISTRY: dict[str, str] = {
     "jpeg_compressibility": "rewards.jpeg:JpegCompressibility",
     "jpeg_incompressibility": "rewards.jpeg:JpegIncompressibility",
     "ocr": "rewards.ocr:OCRReward",
+    "geneval": "rewards.geneval:GenEval",
     "per_frame": "rewards.video:PerFrame",
     "temporal_consistency": "rewards.video:TemporalConsistency",
     "videoalign": "rewards.video:VideoAlign",

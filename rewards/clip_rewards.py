@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from rewards.base import Reward, RewardOutput
-from rewards.common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, l2_normalize, read_json, resize_center_crop
+from rewards.common import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, downloading, l2_normalize, read_json, resize_center_crop
 
 
 def processor_settings(pretrained: str) -> dict:
@@ -65,14 +65,16 @@ class CLIPBackbone:
             processor = processor or pretrained
             if pretrained is None:
                 raise ValueError("pass pretrained (hub id or folder) or a model")
-            model = transformers.CLIPModel.from_pretrained(pretrained, dtype=dtype)
-        if tokenizer is None and text:
-            if processor is None:
-                raise ValueError("pass processor (hub id or folder with the tokenizer) or a tokenizer")
-            tokenizer = transformers.AutoTokenizer.from_pretrained(processor)
+            with downloading(pretrained, "the CLIP reward model"):
+                model = transformers.CLIPModel.from_pretrained(pretrained, dtype=dtype)
+        with downloading(processor, "the CLIP reward's tokenizer and preprocessing"):
+            if tokenizer is None and text:
+                if processor is None:
+                    raise ValueError("pass processor (hub id or folder with the tokenizer) or a tokenizer")
+                tokenizer = transformers.AutoTokenizer.from_pretrained(processor)
+            self.settings = processor_settings(processor) if processor else processor_settings_from_model(model)
         self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.tokenizer = tokenizer
-        self.settings = processor_settings(processor) if processor else processor_settings_from_model(model)
         self.device, self.dtype = torch.device(device), dtype
         self.crop_rounding, self.max_length = crop_rounding, max_length
 

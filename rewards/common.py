@@ -13,6 +13,7 @@ Preprocessing follows each original exactly, on uint8 images (the inputs the mod
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -34,6 +35,20 @@ def require(module: str, extra: str, what: str):
         raise ImportError(
             f"{what} needs the optional package {module!r}: pip install 'flowgrpo[{extra}]'"
         ) from exc
+
+
+@contextlib.contextmanager
+def downloading(repo: str | None, what: str):
+    """Load ``repo`` (a hub id or a local path) inside this block: a hub id that is not in the local cache and
+    cannot be downloaded (offline, no network, no access) becomes one line naming the download command."""
+    try:
+        yield
+    except OSError as exc:
+        if repo is None or os.path.exists(os.path.expanduser(repo)):
+            raise
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise OSError(f"{what}: {repo!r} is not in the local hub cache and could not be downloaded ({first[:160]}); "
+                      f"download it with `hf download {repo}` (or pass a local folder)") from None
 
 
 def import_object(target: str):

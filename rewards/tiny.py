@@ -6,12 +6,19 @@ that write them in each original's file format. For tests, the benchmark and smo
     tiny_aesthetic_pth(path, d)   an aesthetic MLP state dict (layers.0.weight ...) as a .pth
     tiny_hps_checkpoint(path)     {'state_dict': open_clip CLIP} as HPS_v2.1_compressed.pt; TINY_HPS_ARCH
     tiny_imagereward_parts()      ImageRewardModel + BERT tokenizer + configs (tests save the original format)
+    tiny_mask2former_folder(path) GenEval's detector: a Mask2FormerForUniversalSegmentation (80 COCO labels, Swin
+                                  backbone) + Mask2FormerImageProcessor, as save_pretrained writes them
+    tiny_colour_clip_checkpoint(path)  GenEval's colour classifier: an open_clip CLIP state dict; TINY_COLOUR_CLIP
 
 Every builder seeds torch itself, so the same call gives the same weights.
+
+    python -m rewards.tiny geneval OUT_DIR    writes OUT_DIR/detector/, OUT_DIR/colour_clip.{pt,json} and prints
+                                              the GenEval reward options that load them
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -137,3 +144,90 @@ def tiny_imagereward_parts(*, seed: int = 0):
     torch.manual_seed(seed)
     model = ImageRewardModel(TINY_BLIP_VISION, text_config_from_med(med), (32, *TINY_MLP_HIDDEN, 1)).eval()
     return model, tokenizer, dict(TINY_BLIP_VISION), med
+
+
+# GenEval's detector at tiny size: a Swin backbone with one block per stage, 32-channel pixel decoder and
+# transformer decoder (GroupNorm(32, ...) needs multiples of 32), 10 queries, the 80 COCO labels
+TINY_SWIN = {"image_size": 64, "patch_size": 4, "embed_dim": 8, "depths": [1, 1, 1, 1], "num_heads": [1, 1, 1, 1],
+             "window_size": 4, "out_features": ["stage1", "stage2", "stage3", "stage4"]}
+TINY_MASK2FORMER = {"feature_size": 32, "mask_feature_size": 32, "hidden_dim": 32, "encoder_feedforward_dim": 32,
+                    "encoder_layers": 1, "decoder_layers": 2, "num_attention_heads": 2, "dim_feedforward": 32,
+                    "num_queries": 10}
+TINY_COLOUR_CLIP = json.loads(json.dumps(TINY_HPS_ARCH))  # open_clip CLIP config {"embed_dim", "vision_cfg", "text_cfg"}
+
+
+def tiny_mask2former(*, seed: int = 0):
+    """A random Mask2FormerForUniversalSegmentation over GenEval's 80 classes whose detections are worth judging.
+    At the default init every class probability is ~1/81 and the masks follow the sine position embedding, so
+    three weights are rescaled: the class head (std 2: peaked, image-dependent class probabilities, scores up
+    to ~0.9), the mask projection (std 2: mask logits far from 0, so the mean mask probability nears 1) and the
+    stride-4 lateral GroupNorm scale (x100: the masks follow the image content, so boxes differ by image)."""
+    from transformers import Mask2FormerConfig, SwinConfig
+
+    from rewards.geneval_models import COCO_CLASSES, build_mask2former
+
+    torch.manual_seed(seed)
+    config = Mask2FormerConfig(backbone_config=SwinConfig(**TINY_SWIN), num_labels=len(COCO_CLASSES),
+                               id2label=dict(enumerate(COCO_CLASSES)),
+                               label2id={name: i for i, name in enumerate(COCO_CLASSES)}, **TINY_MASK2FORMER)
+    model = build_mask2former(config).eval()
+    with torch.no_grad():
+        model.class_predictor.weight.normal_(0.0, 2.0)
+        decoder = model.model.pixel_level_module.decoder
+        decoder.mask_projection.weight.normal_(0.0, 2.0)
+        decoder.adapter_1[1].weight.mul_(100.0)
+    return model
+
+
+def tiny_mask2former_folder(path: str | Path, *, seed: int = 0, image_size: int = 64) -> Path:
+    """Save a tiny Mask2Former + its image processor (resize to image_size) in the layout of
+    facebook/mask2former-swin-small-coco-instance."""
+    from transformers import Mask2FormerImageProcessor
+
+    path = Path(path)
+    tiny_mask2former(seed=seed).save_pretrained(path)
+    size = {"shortest_edge": image_size, "longest_edge": image_size}
+    Mask2FormerImageProcessor(size=size, size_divisor=32).save_pretrained(path)
+    return path
+
+
+def tiny_colour_clip(*, seed: int = 0):
+    import open_clip
+
+    torch.manual_seed(seed)
+    return open_clip.CLIP(**json.loads(json.dumps(TINY_COLOUR_CLIP))).eval()
+
+
+def tiny_colour_clip_checkpoint(path: str | Path, *, seed: int = 0) -> Path:
+    """Save a tiny open_clip CLIP state dict (plain torch.save of state_dict())."""
+    torch.save(tiny_colour_clip(seed=seed).state_dict(), path)
+    return Path(path)
+
+
+def write_tiny_geneval(out_dir: str | Path, *, seed: int = 0) -> dict[str, str]:
+    """OUT_DIR/detector/ (tiny Mask2Former), OUT_DIR/colour_clip.pt and .json; returns the GenEval reward options."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tiny_mask2former_folder(out / "detector", seed=seed)
+    tiny_colour_clip_checkpoint(out / "colour_clip.pt", seed=seed)
+    (out / "colour_clip.json").write_text(json.dumps(TINY_COLOUR_CLIP, indent=2))
+    return {"detector_path": str(out / "detector"), "colour_arch": str(out / "colour_clip.json"),
+            "colour_pretrained": str(out / "colour_clip.pt")}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rewards.tiny",
+                                     description="Write tiny random-weight reward models (tests and smoke runs).")
+    kinds = parser.add_subparsers(dest="kind", required=True)
+    geneval = kinds.add_parser("geneval", help="GenEval's detector folder and colour CLIP; prints the flowgrpo eval "
+                               "options that load them")
+    geneval.add_argument("out_dir")
+    geneval.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    options = write_tiny_geneval(args.out_dir, seed=args.seed)
+    # the options of `flowgrpo eval --benchmark geneval $(python -m rewards.tiny geneval DIR)`
+    print(" ".join(f"--reward-option {key}={value}" for key, value in options.items()))
+
+
+if __name__ == "__main__":
+    main()

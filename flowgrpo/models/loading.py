@@ -95,7 +95,7 @@ def _unloadable(pretrained: str, source: str, err: OSError) -> Exception:
                          "it needs model_index.json and a folder per component, as save_pretrained writes them")
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
     how = ("it is not in the local hub cache and HF_HUB_OFFLINE is set: download it first with "
-           f"`huggingface-cli download {pretrained}` (or unset HF_HUB_OFFLINE)" if offline else
-           f"check the hub id (and your access to it: `huggingface-cli login`), or download it with "
-           f"`huggingface-cli download {pretrained}`")
+           f"`hf download {pretrained}` (or unset HF_HUB_OFFLINE)" if offline else
+           f"check the hub id (and your access to it: `hf auth login`), or download it with "
+           f"`hf download {pretrained}`")
     return UserError(f"model.pretrained={pretrained!r} could not be loaded ({first}); {how}")
