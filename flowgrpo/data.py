@@ -1,4 +1,5 @@
-"""Prompt sets: the toy splits by name, or a user's .txt / .jsonl file, with per-prompt metadata."""
+"""Prompt sets: the toy splits and the papers' evaluation sets by name, or a user's .txt / .jsonl file, with
+per-prompt metadata."""
 
 from __future__ import annotations
 
@@ -40,21 +41,36 @@ BUILTIN_PROMPT_SETS = {
     "toy-video-train": clips.train_prompts, "toy-video-eval": clips.eval_prompts,
     "analytic-train": analytic.train_prompts, "analytic-eval": analytic.eval_prompts,
 }
+# the papers' evaluation prompt sets, shipped in configs/evaluation/ (their sources and licences: SOURCES.md there)
+EVALUATION_PROMPT_SETS = {
+    "geneval": "geneval_prompts.jsonl",  # GenEval's 553 prompts with their tag, objects, counts, colours, positions
+    "ocr-test": "ocr_test.txt",  # Flow-GRPO's 1,018 held-out text-rendering prompts
+    "pickscore-test": "pickscore_test.txt",  # Flow-GRPO's 2,048 Pick-a-Pic test prompts
+}
+
+
+def evaluation_prompt_file(name: str) -> Path:
+    """The shipped file of an evaluation prompt set (EVALUATION_PROMPT_SETS)."""
+    from flowgrpo.run.paths import configs_dir
+
+    return configs_dir() / "evaluation" / EVALUATION_PROMPT_SETS[name]
 
 
 def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
     """Prompts and metadata from a built-in set (BUILTIN_PROMPT_SETS: 'toy-train', 'toy-eval' (toy
     images), 'toy-video-train', 'toy-video-eval' (toy videos), 'analytic-train', 'analytic-eval' (the
-    analytic world)), a .txt file (one prompt a line) or a .jsonl file ({"prompt": ..., "metadata":
+    analytic world)), a papers' evaluation set (EVALUATION_PROMPT_SETS: 'geneval', 'ocr-test',
+    'pickscore-test'; docs/evaluation.md), a .txt file (one prompt a line) or a .jsonl file ({"prompt": ..., "metadata":
     {...}} a line; metadata optional)."""
     if spec in BUILTIN_PROMPT_SETS:
         items = BUILTIN_PROMPT_SETS[spec]()
         prompts, metadata = [p.text for p in items], [p.to_dict() for p in items]
     else:
-        path = Path(spec)
+        path = evaluation_prompt_file(spec) if spec in EVALUATION_PROMPT_SETS else Path(spec)
         if not path.is_file():
             raise PromptFileError(
-                f"prompts {spec!r} is neither a built-in set ({', '.join(BUILTIN_PROMPT_SETS)}) nor an existing "
+                f"prompts {spec!r} is neither a built-in set ({', '.join([*BUILTIN_PROMPT_SETS, *EVALUATION_PROMPT_SETS])}) "
+                "nor an existing "
                 '.txt (one prompt a line) or .jsonl ({"prompt": ..., "metadata": {...}} a line) file'
             )
         try:
@@ -81,6 +97,9 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
             if any(not isinstance(p, str) for p in prompts):
                 raise PromptFileError(f"every line of {path} needs a string 'prompt' (or 'text') field")
             metadata = [r.get("metadata", r) for r in rows]
+            for m in metadata:  # GenEval's "tag" is its task: per-task means and balancing read "task"
+                if isinstance(m, dict) and "tag" in m and "task" not in m:
+                    m["task"] = m["tag"]
         else:
             prompts, metadata = [line.strip() for _, line in numbered], [{} for _ in numbered]
         for (number, _), prompt in zip(numbered, prompts):

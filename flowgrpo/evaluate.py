@@ -95,6 +95,7 @@ def evaluate(
     progress: bool = True,
     desc: str = "sampling",
     processes: tuple[int, int, Callable] | None = None,
+    first_index: int = 0,
 ) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Sample every prompt once and score it (``progress``: a bar labelled ``desc`` over the sampling steps).
 
@@ -106,7 +107,8 @@ def evaluate(
     contiguous share of the prompts (padded to the same size, so that each makes the same model calls:
     a sharded network's calls are collectives); ``gather`` (a tensor of every process, concatenated in rank
     order) gives every process the whole results, equal to one process's (each prompt's noise is drawn
-    from its own index).
+    from its own index). ``first_index``: the index of ``prompts[0]`` in a larger set that is evaluated in
+    blocks: prompt i's noise is drawn from (seed, first_index + i), the same as in one call over the whole set.
     """
     started = time.time()
     reward = build_reward(reward, {}, "the held-out reward (eval.reward, --reward)") if isinstance(reward, str) else reward
@@ -119,7 +121,7 @@ def evaluate(
     mine, mine_meta = [prompts[i] for i in index], None if metadata is None else [metadata[i] for i in index]
     images = generate(
         model, mine, seed=seed, steps=steps, guidance_scale=guidance_scale,
-        batch_size=batch_size, progress=progress, desc=desc, noise_index=index,
+        batch_size=batch_size, progress=progress, desc=desc, noise_index=[first_index + i for i in index],
     )
     outputs = [
         reward(images[i : i + batch_size], mine[i : i + batch_size],

@@ -1,8 +1,9 @@
 """The ``flowgrpo`` command: the jobs that are not training (training is ``accelerate launch train_t2i.py``).
 
-  flowgrpo eval          sample a prompt set with a model (or a trained checkpoint), score it with a
-                         reward and print a JSON summary: mean score, strict accuracy, per-task
-                         means, number of images, seconds
+  flowgrpo eval          a papers' benchmark (--benchmark geneval|ocr|pickscore: its prompts, images, seeds,
+                         settings, scorer and table, docs/evaluation.md), or sample a prompt set with a model
+                         (or a trained checkpoint), score it with a reward and print a JSON summary: mean
+                         score, strict accuracy, per-task means, number of images, seconds
   flowgrpo gallery       build (or --serve) the sample review site of a run directory (the same as
                          ``python -m gallery`` and ``flowgrpo-gallery``)
   flowgrpo pretrain-toy  (re)build the embedded tiny SD3 model on the toy world (resumable)
@@ -93,6 +94,8 @@ def _model_config(args) -> dict:
         cfg["pretrained"] = args.pretrained
     if args.device:
         cfg["device"] = args.device
+    if args.resolution:
+        cfg["resolution"] = args.resolution
     return cfg
 
 
@@ -105,10 +108,26 @@ def cmd_eval(args) -> int:
 
     if args.samples_per_prompt < 1:
         raise UserError(f"--samples-per-prompt must be ≥ 1, got {args.samples_per_prompt}")
+    for option, value in (("--limit", args.limit), ("--batch-size", args.batch_size), ("--steps", args.steps),
+                          ("--resolution", args.resolution), ("--images-per-prompt", args.images_per_prompt)):
+        if value is not None and value < 1:
+            raise UserError(f"{option} must be ≥ 1, got {value}")
+    args.batch_size = args.batch_size or (16 if args.benchmark else 64)
     # every input is checked before the model loads
     weights = _checkpoint_folder(args.checkpoint) if args.checkpoint else None
-    reward_class(args.reward, "--reward")
-    prompts, metadata = _read_prompts(args.prompts, args.limit)
+    options = _reward_options(args.reward_option)
+    if args.benchmark:
+        from flowgrpo.protocols import check_out, load_protocol
+
+        protocol = load_protocol(args.benchmark)
+        protocol.reward.update(options)
+        check_out(Path(args.out or Path("evals") / args.benchmark), args.benchmark)  # before hours of sampling
+        reward_class(protocol.reward["name"], f"configs/evaluation/{args.benchmark}.yaml")
+        prompts, metadata = _read_prompts(protocol.prompts, args.limit)
+    else:
+        protocol = None
+        reward_class(args.reward, "--reward")
+        prompts, metadata = _read_prompts(args.prompts, args.limit)
     model_config = _model_config(args)
     try:
         resolve_pretrained(model_config["pretrained"])
@@ -117,12 +136,103 @@ def cmd_eval(args) -> int:
     threads_before = torch.get_num_threads()
     set_threads(args.threads)  # printed once the model is loaded
     try:
-        return _evaluate_and_print(args, prompts, metadata, model_config, weights)
+        if protocol is not None:
+            return _run_benchmark(args, protocol, model_config, weights)
+        return _evaluate_and_print(args, prompts, metadata, model_config, weights, options)
     finally:
         torch.set_num_threads(threads_before)  # main() called in a process that goes on (tests) leaves it as it was
 
 
-def _evaluate_and_print(args, prompts, metadata, model_config, weights) -> int:
+def _reward_options(pairs: list[str] | None) -> dict:
+    """--reward-option key=value pairs as the reward's keyword arguments (values read as YAML: 0.5, true, null)."""
+    import yaml
+
+    from flowgrpo.run.errors import UserError
+
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise UserError(f"--reward-option {pair!r} is not key=value (e.g. --reward-option device=cuda)")
+        options[key] = yaml.safe_load(value) if value else ""
+    return options
+
+
+def _processes():
+    """(rank, world, gather) when launched as several processes (accelerate launch / torchrun), else None."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None, None
+    from accelerate import PartialState
+    from accelerate.utils import gather
+
+    state = PartialState()
+    return (state.process_index, state.num_processes, lambda t: gather(t.to(state.device)).cpu()), state.device
+
+
+def _settings_of(cls, kwargs: dict) -> dict:
+    """Every plain keyword of a reward's constructor as it was built: the given ones and the defaults (a report
+    names its detector even when the command did not)."""
+    import inspect
+
+    plain = (str, int, float, bool, type(None))
+    defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty and isinstance(p.default, plain)}
+    return {**defaults, **{k: v if isinstance(v, plain) else str(v) for k, v in kwargs.items()}}
+
+
+def _run_benchmark(args, protocol, model_config, weights) -> int:
+    """flowgrpo eval --benchmark: the protocol's prompts, images, seeds, settings, scorer and report."""
+    import inspect
+
+    from flowgrpo.models import load_model
+    from flowgrpo.models.loading import resolve_device
+    from flowgrpo.protocols import label_of, run_protocol, write_report
+    from flowgrpo.run.errors import build_reward, reward_class
+    from flowgrpo.run.paths import builtin_models
+    from flowgrpo.run.threads import startup_line
+
+    processes, device = _processes()
+    if device is not None and not args.device:
+        model_config["device"] = str(device)  # each process its own accelerator
+    tiny = model_config["pretrained"] in builtin_models()
+    settings = {} if tiny else dict(protocol.inference)  # the tiny world's models keep their own settings
+    for key, value in (("steps", args.steps), ("guidance_scale", args.guidance), ("resolution", args.resolution)):
+        if value is not None:
+            settings[key] = value
+    if "resolution" in settings:
+        model_config["resolution"] = settings["resolution"]
+    if args.images_per_prompt is not None:
+        protocol.images_per_prompt = args.images_per_prompt
+    if args.seed is not None:
+        protocol.seed = args.seed
+    kwargs = {k: v for k, v in protocol.reward.items() if k != "name"}
+    if "device" in inspect.signature(reward_class(protocol.reward["name"], "--benchmark").__init__).parameters:
+        kwargs.setdefault("device", str(resolve_device(model_config.get("device", "auto"))))  # beside the model
+    # the scorer first: a missing package or download is named before the model loads
+    reward = build_reward(protocol.reward["name"], kwargs, f"configs/evaluation/{protocol.name}.yaml")
+    model = load_model(model_config)
+    if weights is not None:
+        model.load_trainable(weights)
+    print(startup_line(how="--threads N"), file=sys.stderr)
+    out = Path(args.out or Path("evals") / protocol.name)
+    label = label_of(Path(args.model).stem, args.checkpoint)
+    rank = processes[0] if processes else 0
+    report = run_protocol(model, protocol, reward, label=label, limit=args.limit, batch_size=args.batch_size,
+                          out=out if not args.no_images else None, processes=processes, progress=rank == 0,
+                          steps=settings.get("steps"), guidance_scale=settings.get("guidance_scale"))
+    report["model"], report["checkpoint"] = model.config.pretrained, args.checkpoint
+    report["scorer"] = {"name": protocol.reward["name"], **_settings_of(reward_class(protocol.reward["name"], "--benchmark"), kwargs)}
+    if rank == 0:
+        table = write_report(out, report)
+        print(json.dumps(report, indent=2))
+        print(f"\n{table}\nreport: {out / 'report.md'} (every model evaluated into {out}); images: "
+              f"flowgrpo gallery {out}", file=sys.stderr)
+    return 0
+
+
+def _evaluate_and_print(args, prompts, metadata, model_config, weights, options) -> int:
     import torch
 
     from flowgrpo.evaluate import best_of_k, evaluate
@@ -133,19 +243,20 @@ def _evaluate_and_print(args, prompts, metadata, model_config, weights) -> int:
     model = load_model(model_config)
     if weights is not None:
         model.load_trainable(weights)
-    reward = build_reward(args.reward, {}, "--reward")
+    reward = build_reward(args.reward, options, "--reward")
     print(startup_line(how="--threads N"), file=sys.stderr)
     all_scores = []
+    seed = args.seed or 0
     for j in range(args.samples_per_prompt):  # sample j of every prompt uses seed + j
         result, images, scores = evaluate(
-            model, prompts, reward, metadata, seed=args.seed + j, steps=args.steps,
+            model, prompts, reward, metadata, seed=seed + j, steps=args.steps,
             guidance_scale=args.guidance, batch_size=args.batch_size,
         )
         all_scores.append(scores)
         if j == 0:
             summary = result
         if args.save_images:
-            _save_images(Path(args.save_images) / (f"seed_{args.seed + j}" if args.samples_per_prompt > 1 else ""),
+            _save_images(Path(args.save_images) / (f"seed_{seed + j}" if args.samples_per_prompt > 1 else ""),
                          images, prompts)
     if args.samples_per_prompt > 1:
         summary["headroom"] = best_of_k(torch.stack(all_scores))
@@ -344,29 +455,47 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{eval,gallery,pretrain-toy,pretrain-toy-video,plan,config}")
 
-    ev = sub.add_parser("eval", help="score a model or checkpoint on a prompt set with a reward")
+    ev = sub.add_parser("eval", help="score a model or checkpoint on a papers' benchmark (--benchmark geneval|ocr|"
+                        "pickscore: its prompts, images, seeds, settings, scorer and table) or on a prompt set with a reward")
+    ev.add_argument("--benchmark", choices=["geneval", "ocr", "pickscore"],
+                    help="a papers' protocol (configs/evaluation/<name>.yaml, docs/evaluation.md): its shipped prompt set, "
+                         "images per prompt, seed, inference settings (real models), scorer and report; the report is "
+                         "added to --out's report.md, a row per evaluated model, and the images kept for the gallery")
     ev.add_argument("--model", default="tiny_sd3", help="model config: a YAML file or a name in configs/models (default tiny_sd3)")
     ev.add_argument("--pretrained", help="override the config's model: hub id, local folder or built-in name")
     ev.add_argument("--checkpoint", help="a training checkpoint (runs/<name>/checkpoints/step_<n>: its model config and its "
                     "evaluation weights, EMA if the run kept one) or a LoRA / full-weights folder to load on top")
     ev.add_argument("--prompts", default="toy-eval",
-                    help="'toy-eval' (default), 'toy-train', 'toy-video-eval', 'toy-video-train', a .txt or a .jsonl file")
-    ev.add_argument("--reward", default="toy", help="registered reward name or dotted path module:Class")
-    ev.add_argument("--steps", type=int, help="ODE steps (default: the model config's sample_steps)")
-    ev.add_argument("--guidance", type=float, help="guidance scale (default: the model config's)")
-    ev.add_argument("--seed", type=int, default=0, help="noise seed; image i uses a pure function of (seed, i)")
+                    help="without --benchmark: 'toy-eval' (default), 'toy-train', 'toy-video-eval', 'toy-video-train', "
+                         "'geneval', 'ocr-test', 'pickscore-test', a .txt or a .jsonl file")
+    ev.add_argument("--reward", default="toy", help="without --benchmark: registered reward name or dotted path module:Class")
+    ev.add_argument("--reward-option", action="append", metavar="KEY=VALUE",
+                    help="a keyword of the reward (the benchmark's scorer), repeatable: --reward-option device=cuda "
+                         "--reward-option detector=mmdetection (values read as YAML)")
+    ev.add_argument("--steps", type=int, help="ODE steps (default: the benchmark's for a real model, else the model "
+                    "config's sample_steps)")
+    ev.add_argument("--guidance", type=float, help="guidance scale (default: the benchmark's for a real model, else the "
+                    "model config's)")
+    ev.add_argument("--resolution", type=int, help="image size in pixels (default: the benchmark's for a real model, else "
+                    "the model config's)")
+    ev.add_argument("--seed", type=int, help="noise seed (default: the benchmark's, else 0); image i uses a pure function "
+                    "of (seed, i), image j of a prompt seed + j")
+    ev.add_argument("--images-per-prompt", type=int, help="with --benchmark: override its images per prompt")
     ev.add_argument("--samples-per-prompt", type=int, default=1,
-                    help="K > 1: also sample seeds seed+1 .. seed+K-1 and report the headroom: the mean best "
-                         "of k samples per prompt for k = 1, 2, 4, .. K; the summary's "
+                    help="without --benchmark: K > 1 also samples seeds seed+1 .. seed+K-1 and reports the headroom: "
+                         "the mean best of k samples per prompt for k = 1, 2, 4, .. K; the summary's "
                          "other numbers stay those of the first seed")
-    ev.add_argument("--batch-size", type=int, default=64)
+    ev.add_argument("--batch-size", type=int, help="images per model call (default: 16 with --benchmark, else 64)")
     ev.add_argument("--limit", type=int, help="score only the first N prompts")
     ev.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1, auto)")
     ev.add_argument("--threads", type=int, default=0, metavar="N",
                     help="torch CPU threads; 0 (default) = automatic: OMP_NUM_THREADS if set, else the cores no other "
                          "process is busy on (flowgrpo/run/threads.py); printed at start-up")
-    ev.add_argument("--save-images", help="write the PNGs and a manifest.jsonl to this folder")
-    ev.add_argument("--output", help="also write the JSON summary to this file")
+    ev.add_argument("--out", help="with --benchmark: the folder of its reports and images (default evals/<benchmark>); "
+                    "evaluate the base model and each checkpoint into the same one to get one table")
+    ev.add_argument("--no-images", action="store_true", help="with --benchmark: do not keep the images")
+    ev.add_argument("--save-images", help="without --benchmark: write the PNGs and a manifest.jsonl to this folder")
+    ev.add_argument("--output", help="without --benchmark: also write the JSON summary to this file")
     ev.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     ev.set_defaults(func=cmd_eval)
 

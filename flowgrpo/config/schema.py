@@ -252,7 +252,7 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     every: int = key(at_least(0), 10)  # evaluate every N iterations (0 = only at the end)
-    prompts: str = key(TEXT, "toy-eval")  # toy-eval | toy-train | a .txt or .jsonl file
+    prompts: str = key(TEXT, "toy-eval")  # toy-eval | toy-train | geneval | ocr-test | pickscore-test (docs/evaluation.md) | a .txt or .jsonl file
     limit: int = key(at_least(0), 0)  # use only the first N prompts (0 = all)
     steps: Optional[int] = key(optional(at_least(1)), None)  # ODE steps; None = the model config's sample_steps
     reward: str = key(TEXT, "toy")  # the held-out ("gold") reward

@@ -33,6 +33,8 @@ def files(tmp_path):
         f.truncate((1 << 30) + 1)
     (tmp_path / "not_a_checkpoint").mkdir()
     (tmp_path / "not_a_checkpoint" / "notes.txt").write_text("hello")
+    (tmp_path / "pick_reports").mkdir()  # a flowgrpo eval --benchmark pickscore output folder
+    (tmp_path / "pick_reports" / "reports.jsonl").write_text('{"benchmark": "pickscore", "label": "base"}\n')
     return tmp_path
 
 
@@ -141,6 +143,12 @@ EVAL = [
     (["--model", "no_such_model"], r"--model 'no_such_model' is not a YAML file nor one of \['"),
     (["--pretrained", "./no/such/folder"], r"model folder './no/such/folder' does not exist"),
     (["--samples-per-prompt", "0"], r"--samples-per-prompt must be ≥ 1, got 0"),
+    (["--benchmark", "geneval", "--images-per-prompt", "0"], r"--images-per-prompt must be ≥ 1, got 0"),
+    (["--benchmark", "geneval", "--reward-option", "score"], r"--reward-option 'score' is not key=value"),
+    (["--benchmark", "pickscore", "--reward-option", "bogus=1"],
+     r"reward 'pickscore' \(configs/evaluation/pickscore.yaml\) could not be built: TypeError: .*bogus"),
+    (["--benchmark", "pickscore", "--out", "{tmp}/empty.txt/evals"], r"--out '.*empty.txt/evals' cannot be created"),
+    (["--benchmark", "ocr", "--out", "{tmp}/pick_reports"], r"holds pickscore reports; give each benchmark its own"),
 ]
 
 
@@ -210,7 +218,7 @@ def test_a_hub_id_not_in_the_cache_while_offline_names_the_download(files, capsy
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert re.search(r"^train_t2i.py: error: model.pretrained='nonexistent-org/no-such-model' could not be loaded "
                      r"\(.*\); it is not in the local hub cache and HF_HUB_OFFLINE is set: download it first with "
-                     r"`huggingface-cli download nonexistent-org/no-such-model`", last), last
+                     r"`hf download nonexistent-org/no-such-model`", last), last
 
 
 def test_errors_doc_lists_every_class_with_its_message():

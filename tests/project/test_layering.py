@@ -23,7 +23,7 @@ MAY_IMPORT = {
 FLOWGRPO_LAYERS = {
     "flowgrpo": 0, "flowgrpo.run": 0,
     "flowgrpo.models": 1, "flowgrpo.likelihood": 1, "flowgrpo.data": 1,
-    "flowgrpo.config": 2, "flowgrpo.evaluate": 2, "flowgrpo.memory": 2,
+    "flowgrpo.config": 2, "flowgrpo.evaluate": 2, "flowgrpo.protocols": 2, "flowgrpo.memory": 2,
     "flowgrpo.engine": 3,
     "flowgrpo.tiny": 4,
     "flowgrpo.cli": 5,

@@ -1,0 +1,224 @@
+"""The papers' benchmark protocols: GenEval, OCR and PickScore (``flowgrpo eval --benchmark NAME``).
+
+A protocol (configs/evaluation/<name>.yaml) is a shipped prompt set, a number of images per prompt, a seed, the
+inference settings the papers evaluate with, a scorer (a reward plug-in: the same class that trains) and a report
+in the papers' table format. :func:`run_protocol` samples the prompts in blocks (prompt i's image j from the noise
+of (seed + j, i), so a block size or process count never changes an image), scores every image, keeps the images
+in the gallery's format (``samples/eval_<label>/``: ``flowgrpo gallery OUT`` compares models prompt by prompt) and
+returns the report; :func:`write_report` adds it to ``OUT/reports.jsonl`` (one row per evaluated model) and
+renders every row as ``report.md`` and ``report.json``. docs/evaluation.md has each protocol, its source and what
+may differ from the official numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+PROTOCOLS = ("geneval", "ocr", "pickscore")
+GENEVAL_COLUMNS = {"single_object": "Single object", "two_object": "Two objects", "counting": "Counting",
+                   "colors": "Colors", "position": "Position", "color_attr": "Color attribution"}
+
+
+@dataclass
+class Protocol:
+    """One benchmark's settings (the fields of configs/evaluation/<name>.yaml)."""
+
+    name: str
+    title: str
+    prompts: str
+    images_per_prompt: int
+    seed: int
+    inference: dict  # steps, guidance_scale, resolution: applied to real models (tiny-world ones keep their own)
+    reward: dict  # name and constructor keywords of the scorer
+    report: str  # "geneval" (the six tasks and their mean) or "mean" (the mean score, as `column`)
+    column: str = ""
+    source: Path = field(default_factory=Path)
+
+
+def load_protocol(name: str) -> Protocol:
+    """The protocol ``name`` (one of PROTOCOLS) from configs/evaluation/."""
+    import yaml
+
+    from flowgrpo.run.errors import UserError
+    from flowgrpo.run.paths import configs_dir
+
+    if name not in PROTOCOLS:
+        raise UserError(f"--benchmark {name!r} is not one of {', '.join(PROTOCOLS)} (configs/evaluation/)")
+    path = configs_dir() / "evaluation" / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text())
+    return Protocol(name=name, source=path, **data)
+
+
+def label_of(model_name: str, checkpoint: str | None) -> str:
+    """The row label of an evaluation: the model config's name, or ``<run>/step_<n>`` for a checkpoint."""
+    if not checkpoint:
+        return model_name
+    path = Path(checkpoint).resolve()
+    if path.name == "model":
+        path = path.parent
+    run = path.parent.parent.name if path.parent.name == "checkpoints" else path.parent.name
+    return f"{run}/{path.name}"
+
+
+def _folder_name(label: str) -> str:
+    return "eval_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
+
+
+def geneval_report(correct: torch.Tensor, tasks: list[str]) -> dict:
+    """GenEval's summary (its summary_scores.py): ``correct`` [K images, N prompts] of 0/1 (NaN: not scored);
+    each task's accuracy over its images, overall = the mean of the task accuracies, and the share of correct
+    images and of prompts with at least one correct image."""
+    per_task = {}
+    for task in GENEVAL_COLUMNS:
+        columns = [i for i, t in enumerate(tasks) if t == task]
+        if columns:
+            values = correct[:, columns]
+            per_task[task] = float(values[~values.isnan()].mean()) if (~values.isnan()).any() else math.nan
+    valid = ~correct.isnan()
+    return {
+        "tasks": per_task,
+        "overall": sum(per_task.values()) / len(per_task) if per_task else math.nan,
+        "correct_images": float(correct[valid].mean()) if valid.any() else math.nan,
+        "correct_prompts": float((correct.nan_to_num(0) > 0).any(0).float().mean()),
+    }
+
+
+def mean_report(scores: torch.Tensor, column: str) -> dict:
+    """The mean score over every scored image (``scores`` [K, N]; NaN: not applicable), with its standard error."""
+    valid = scores[~scores.isnan()].double()
+    n = valid.numel()
+    return {"metric": column, column: float(valid.mean()) if n else math.nan,
+            "standard_error": float(valid.std() / n ** 0.5) if n > 1 else math.nan, "not_applicable": int(scores.numel() - n)}
+
+
+def run_protocol(model, protocol: Protocol, reward, *, label: str, limit: int | None = None, block: int = 64,
+                 batch_size: int = 16, out: Path | None = None, processes=None, progress: bool = True,
+                 steps: int | None = None, guidance_scale: float | None = None) -> dict:
+    """Sample and score the protocol's prompts with ``model`` and return its report (see the module docstring).
+    ``block``: prompts sampled and scored at a time (memory); ``processes``: (rank, world, gather), every process
+    calls this and takes its share of each block; only rank 0 writes the images (to ``out``)."""
+    from flowgrpo.data import read_prompts
+    from flowgrpo.evaluate import evaluate
+
+    started = time.time()
+    prompts, metadata = read_prompts(protocol.prompts, limit or 0)
+    n, k = len(prompts), protocol.images_per_prompt
+    scores = torch.full((k, n), math.nan)
+    writer = _SampleWriter(out / "samples" / _folder_name(label), label, protocol.name, k) if out is not None else None
+    rank = processes[0] if processes else 0
+    for start in range(0, n, block):
+        chunk, meta = prompts[start : start + block], metadata[start : start + block]
+        for j in range(k):
+            _, images, chunk_scores = evaluate(
+                model, chunk, reward, meta, seed=protocol.seed + j, steps=steps, guidance_scale=guidance_scale,
+                batch_size=batch_size, progress=progress, processes=processes, first_index=start,
+                desc=f"{protocol.title}: prompts {start + 1}-{start + len(chunk)} of {n}, image {j + 1} of {k}")
+            scores[j, start : start + len(chunk)] = chunk_scores.float()
+            if writer is not None and rank == 0:
+                writer.add(images, chunk, meta, chunk_scores, start, j, protocol.seed + j)
+    if writer is not None and rank == 0:
+        writer.close()
+    tasks = [m.get("task", "") for m in metadata]
+    body = geneval_report(scores, tasks) if protocol.report == "geneval" else mean_report(scores, protocol.column)
+    return {
+        "benchmark": protocol.name, "label": label, "prompts": n, "of_prompts": len(read_prompts(protocol.prompts)[0]),
+        "images_per_prompt": k, "images": n * k, "seed": protocol.seed,
+        "steps": steps or model.config.sample_steps,
+        "guidance_scale": guidance_scale if guidance_scale is not None else model.config.guidance_scale,
+        "resolution": model.config.resolution, "scorer": dict(protocol.reward), **body,
+        "seconds": round(time.time() - started, 1),
+    }
+
+
+class _SampleWriter:
+    """The images of one evaluation in the gallery's format: one group per prompt (its K images are the group's
+    samples), the score as the reward column."""
+
+    def __init__(self, folder: Path, label: str, benchmark: str, k: int):
+        self.folder, self.label, self.benchmark, self.k = folder, label, benchmark, k
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.iterdir():  # a rerun of the same label replaces its images
+            if old.is_file():
+                old.unlink()
+        self.lines: list[str] = []
+
+    def add(self, images, prompts, metadata, scores, start: int, j: int, seed: int) -> None:
+        from flowgrpo.run.run_dir import _save_media
+        from samplers.grids import eval_noise_seed
+
+        for i, (image, prompt) in enumerate(zip(images, prompts)):
+            index = start + i
+            score = float(scores[i])
+            self.lines.append(json.dumps({
+                "prompt": prompt, "metadata": metadata[i] or {}, "seed": seed, "noise_seed": eval_noise_seed(seed, index),
+                "prompt_slot": index, "group": index, "group_size": self.k, "node": j, "parent": -1,
+                "rewards": {self.benchmark: None if math.isnan(score) else score}, "advantage": None,
+                "model": self.label, **_save_media(self.folder, f"p{index:05d}_{j}", image, 8),
+            }))
+
+    def close(self) -> None:
+        (self.folder / "manifest.jsonl").write_text("\n".join(self.lines) + "\n")
+
+
+def markdown_table(reports: list[dict]) -> str:
+    """The papers' table of one benchmark's reports, a row per evaluated model."""
+    first = reports[0]
+    if first["benchmark"] == "geneval":
+        head = ["Model", *GENEVAL_COLUMNS.values(), "Overall"]
+        rows = [[r["label"], *(_cell(r["tasks"].get(t)) for t in GENEVAL_COLUMNS), _cell(r["overall"])] for r in reports]
+    else:
+        column = first["metric"]
+        head = ["Model", column]
+        rows = [[r["label"], _cell(r[column], r.get("standard_error"))] for r in reports]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    notes = [f"- {r['label']}: {r['prompts']} of {r['of_prompts']} prompts x {r['images_per_prompt']} images, "
+             f"{r['steps']} steps, CFG {r['guidance_scale']}, {r['resolution']} px, seed {r['seed']}" for r in reports]
+    return "\n".join(lines + [""] + notes) + "\n"
+
+
+def _cell(value, se=None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.2f}" if se is None or math.isnan(se) else f"{value:.2f} ± {se:.2f}"
+
+
+def check_out(out: Path, benchmark: str) -> None:
+    """Refuse, before anything is sampled, an --out folder that cannot be written or holds another benchmark's reports."""
+    from flowgrpo.run.errors import UserError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {str(out)!r} cannot be created ({exc.strerror}); pass a folder you can write") from None
+    path = out / "reports.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    mixed = {r.get("benchmark") for r in rows} - {benchmark}
+    if mixed:
+        raise UserError(f"--out {str(out)!r} holds {', '.join(sorted(map(str, mixed)))} reports; give each benchmark "
+                        f"its own folder (the default is evals/{benchmark})")
+
+
+def write_report(out: Path, report: dict) -> str:
+    """Add ``report`` to ``out/reports.jsonl`` (replacing an earlier row of its label) and write every row as
+    ``report.json`` and the Markdown table ``report.md``; returns the table."""
+    check_out(out, report["benchmark"])
+    path = out / "reports.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    rows = [r for r in rows if r["label"] != report["label"]] + [report]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "report.json").write_text(json.dumps(rows, indent=2) + "\n")
+    table = markdown_table(rows)
+    (out / "report.md").write_text(f"# {rows[0]['benchmark']}\n\n{table}")
+    return table
+
+
+__all__ = ["PROTOCOLS", "Protocol", "check_out", "geneval_report", "label_of", "load_protocol", "markdown_table", "mean_report",
+           "run_protocol", "write_report"]
