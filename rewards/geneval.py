@@ -9,8 +9,8 @@ An image is judged from its detections (rewards/geneval_models.py: an instance-s
 evaluation/evaluate_images.py), written here from its behaviour and tested rule by rule
 (tests/rewards/test_geneval.py):
 
-    keep        a class's detections with confidence > 0.3 (> 0.9 when the tag is "counting"), the most
-                confident first, at most 16; a greedy overlap filter drops boxes whose IoU (inclusive pixel
+    keep        a class's detections with confidence > 0.3 (> 0.9 when the tag is "counting"; compared in float32,
+                the detector's precision), the most confident first (numpy's argsort, reversed), at most 16; a greedy overlap filter drops boxes whose IoU (inclusive pixel
                 boxes, +1) with a kept one is >= max_overlap (1.0: none is dropped)
     include     the `count` most confident of the class must exist; with `color`, at least `count` of them
                 must be classified that colour; with `position` [relation, j], every one of them must stand in
@@ -39,6 +39,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rewards.base import Reward, RewardOutput
@@ -71,10 +72,14 @@ def iou(a, b) -> float:
 def keep(detections: dict, tag: str, rules: Rules = Rules()) -> dict:
     """The detections the rules read: {class: [Detection, ...] most confident first} (classes with none left out).
     ``detections``: {class: [Detection]} of one image, any order (rewards.geneval_models.Detection: box, score, mask)."""
-    threshold = rules.counting_confidence if tag == "counting" else rules.confidence
+    # as the official: the detector's float32 scores against the threshold in float32 (a score of float32(0.3) is not
+    # above 0.3), ordered by numpy's default argsort reversed (which also fixes the order of equal scores)
+    threshold = np.float32(rules.counting_confidence if tag == "counting" else rules.confidence)
     kept = {}
     for name, found in detections.items():
-        ordered = sorted((d for d in found if d.score > threshold), key=lambda d: -d.score)[: rules.max_objects]
+        scores = np.array([d.score for d in found], dtype=np.float32)
+        order = np.argsort(scores)[::-1]
+        ordered = [found[i] for i in order[scores[order] > threshold][: rules.max_objects]]
         chosen = []
         while ordered:
             best = ordered.pop(0)

@@ -2,6 +2,7 @@
 the shipped set: the official evaluator's verdict (judge) and Flow-GRPO's training reward (partial_credit)."""
 
 import pytest
+import torch
 
 from flowgrpo.data import read_prompts
 from rewards.geneval import Rules, iou, judge, keep, partial_credit, relative_position
@@ -36,6 +37,8 @@ def test_keep_thresholds_strictly_sorts_limits_and_filters_overlap():
     assert [d.score for d in kept["cat"]] == [0.8, 0.31]  # above 0.3, not at it; most confident first
     assert "dog" not in kept  # a class with nothing left is absent
     assert "cat" not in keep(found, "counting")  # counting prompts read confidence > 0.9 only
+    # a detector's float32 score of 0.3 is 0.30000001192...: compared in float32, as the official, it is not above 0.3
+    assert "cat" not in keep({"cat": [det(10, 10, score=float(torch.tensor(0.3)))]}, "single_object")
     many = {"cup": [det(10 * i, 10, score=0.5 + i / 100) for i in range(20)]}
     assert len(keep(many, "single_object")["cup"]) == 16
     twins = {"cup": [det(10, 10, score=0.9), det(11, 10, score=0.8)]}

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not all(os.environ.get(v) for v in CHECKOUTS),
 COLOURS = ("red", "blue", "green")
 
 
-def _functions(variable: str, names: set, colours: dict) -> dict:
+def _functions(variable: str, names: set, colours: dict, **extra) -> dict:
     """The named functions of an official file, defined in a namespace of their globals (the margin 0.1 and a
     colour classifier reading the fuzzed colours)."""
     source = (Path(os.environ[variable]) / CHECKOUTS[variable]).read_text()
@@ -34,7 +34,7 @@ def _functions(variable: str, names: set, colours: dict) -> dict:
              if isinstance(node, ast.FunctionDef) and node.name in names]
     assert len(found) == len(names), f"{variable}: expected the functions {sorted(names)}"
     space = {"np": np, "POSITION_THRESHOLD": 0.1, "COLORS": list(COLOURS),
-             "color_classification": lambda image, objects, name: [colours[id(o[0])] for o in objects]}
+             "color_classification": lambda image, objects, name: [colours[id(o[0])] for o in objects], **extra}
     exec(compile("\n\n".join(textwrap.dedent(f) for f in found), CHECKOUTS[variable], "exec"), space)  # noqa: S102
     return space
 
@@ -72,3 +72,43 @@ def test_verdicts_and_rewards_equal_the_official_code_on_fuzzed_detections():
         a, b = ([*(p := [rng.uniform(0, 50), rng.uniform(0, 50)]), p[0] + rng.uniform(0, 30), p[1] + rng.uniform(0, 30)]
                 for _ in range(2))
         assert relative_position(a, b) == official["relative_position"]((np.array(a),), (np.array(b),))
+
+
+@pytest.mark.parametrize("max_overlap", [1.0, 0.5])
+def test_kept_detections_equal_the_official_image_evaluation(tmp_path, max_overlap):
+    """The official evaluate_image (threshold, counting threshold, order, at most 16, overlap filter) on fuzzed raw
+    detector output, fed through a stand-in for mmdetection's inference_detector: its kept boxes and verdict are
+    rewards.geneval.keep's and judge's."""
+    import json
+
+    from PIL import Image, ImageOps
+
+    from rewards.geneval import Rules, keep
+    from rewards.geneval_models import COCO_CLASSES, detections_from_mmdet
+
+    rng = np.random.default_rng(0)
+    raw: dict = {}
+    official = _functions("GENEVAL_CHECKOUT", {"compute_iou", "relative_position", "evaluate", "evaluate_image"}, {},
+                          THRESHOLD=0.3, COUNTING_THRESHOLD=0.9, MAX_OBJECTS=16, NMS_THRESHOLD=max_overlap,
+                          classnames=list(COCO_CLASSES), object_detector=None, Image=Image, ImageOps=ImageOps, json=json,
+                          inference_detector=lambda detector, path: raw["result"])
+    path = tmp_path / "image.png"
+    Image.new("RGB", (100, 100)).save(path)
+    _, metadata = read_prompts("geneval")
+    rules = Rules(max_overlap=max_overlap)
+    for trial in range(300):
+        meta = metadata[rng.integers(len(metadata))]
+        boxes = []
+        for _ in COCO_CLASSES:  # a few detections of every class, scores around both thresholds, ties included
+            n = int(rng.integers(0, 20 if rng.random() < 0.1 else 4))
+            xy = rng.uniform(0, 60, (n, 2))
+            row = np.concatenate([xy, xy + rng.uniform(2, 40, (n, 2)), rng.choice([0.2, 0.3, 0.5, 0.9, 0.95], n)[:, None]
+                                  + rng.uniform(-0.05, 0.05, (n, 1)) * (rng.random(n) < 0.7)[:, None]], 1)
+            boxes.append(row.astype(np.float32))
+        raw["result"] = boxes
+        official["color_classification"] = lambda image, objects, name: ["red"] * len(objects)
+        theirs = official["evaluate_image"](str(path), meta)
+        kept = keep(detections_from_mmdet(boxes), meta["tag"], rules)
+        mine = {name: [list(d.box) + [d.score] for d in found] for name, found in kept.items()}
+        assert mine == json.loads(theirs["details"]), trial  # the same float32 numbers, the same order
+        assert judge(kept, meta, lambda dets, name: ["red"] * len(dets), rules)[0] == theirs["correct"], trial
