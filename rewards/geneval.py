@@ -92,16 +92,16 @@ def keep(detections: dict, tag: str, rules: Rules = Rules()) -> dict:
 
 
 def relative_position(box_a, box_b, margin: float = 0.1) -> set[str]:
-    """The relations of box A to box B ("left of", "right of", "above", "below"; see the module docstring)."""
-    centre = [((a[0] + a[2]) / 2, (a[1] + a[3]) / 2) for a in (box_a, box_b)]
-    size = [(abs(a[2] - a[0]), abs(a[3] - a[1])) for a in (box_a, box_b)]
-    offset = [centre[0][k] - centre[1][k] for k in range(2)]
-    shrunk = [max(abs(offset[k]) - margin * (size[0][k] + size[1][k]), 0.0) * (1 if offset[k] > 0 else -1 if offset[k] < 0 else 0)
-              for k in range(2)]
-    if all(abs(s) < 1e-3 for s in shrunk):
+    """The relations of box A to box B ("left of", "right of", "above", "below"; see the module docstring), computed
+    in float32 as the official does on the detector's float32 boxes."""
+    boxes = np.array([list(box_a)[:4], list(box_b)[:4]], dtype=np.float32).reshape(2, 2, 2)  # [box, corner, xy]
+    centre = boxes.mean(axis=1)
+    size = np.abs(boxes[:, 1] - boxes[:, 0])
+    offset = centre[0] - centre[1]
+    shrunk = np.maximum(np.abs(offset) - np.float32(margin) * (size[0] + size[1]), 0) * np.sign(offset)
+    if np.all(np.abs(shrunk) < 1e-3):
         return set()
-    norm = (offset[0] ** 2 + offset[1] ** 2) ** 0.5
-    dx, dy = shrunk[0] / norm, shrunk[1] / norm
+    dx, dy = shrunk / np.linalg.norm(offset)
     relations = set()
     if dx < -0.5:
         relations.add("left of")

@@ -53,7 +53,8 @@ def test_verdicts_and_rewards_equal_the_official_code_on_fuzzed_detections():
             for _ in range(rng.randint(0, 4)):  # boxes in a 100 px square: positions hold, fail and sit in the margin
                 x, y = rng.uniform(0, 100), rng.uniform(0, 100)
                 d = Detection((x, y, x + rng.uniform(1, 40), y + rng.uniform(1, 40)), rng.uniform(0.31, 1.0))
-                row = np.array([*d.box, d.score])
+                row = np.array([*d.box, d.score], dtype=np.float32)
+                d = Detection(tuple(row[:4].tolist()), float(row[4]))  # the detector's float32 numbers
                 colours[id(d)] = colours[id(row)] = rng.choice(COLOURS)
                 mine.setdefault(name, []).append(d)
                 theirs.setdefault(name, []).append((row, None))
@@ -71,7 +72,8 @@ def test_verdicts_and_rewards_equal_the_official_code_on_fuzzed_detections():
     for _ in range(5000):
         a, b = ([*(p := [rng.uniform(0, 50), rng.uniform(0, 50)]), p[0] + rng.uniform(0, 30), p[1] + rng.uniform(0, 30)]
                 for _ in range(2))
-        assert relative_position(a, b) == official["relative_position"]((np.array(a),), (np.array(b),))
+        a, b = np.array(a, dtype=np.float32), np.array(b, dtype=np.float32)  # a detector's boxes
+        assert relative_position(a.tolist(), b.tolist()) == official["relative_position"]((a,), (b,))
 
 
 @pytest.mark.parametrize("max_overlap", [1.0, 0.5])
