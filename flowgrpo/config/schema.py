@@ -256,6 +256,7 @@ class EvalConfig:
     limit: int = key(at_least(0), 0)  # use only the first N prompts (0 = all)
     steps: Optional[int] = key(optional(at_least(1)), None)  # ODE steps; None = the model config's sample_steps
     reward: str = key(TEXT, "toy")  # the held-out ("gold") reward
+    reward_kwargs: dict = key(MAPPING, factory=dict)  # passed to the held-out reward's constructor (as rewards[].kwargs)
     batch_size: int = key(at_least(1), 64)
     at_start: bool = key(FLAG, True)  # evaluate the starting model too
     # the reward-hacking watch (flowgrpo/engine/watch.py, docs/hacking.md): guards scored on the held-out samples

@@ -2,7 +2,7 @@
 
 ``HeldOut.evaluate`` samples the held-out prompts (``eval.prompts``) with the pure ODE sampler from seeds
 that never change (the run's seed + 12345), with the evaluation weights (the EMA when train.ema_decay > 0),
-scores them with the held-out reward (``eval.reward``), writes every sample's score to
+scores them with the held-out reward (``eval.reward`` built with ``eval.reward_kwargs``, once), writes every sample's score to
 ``eval_scores.jsonl`` and the first ``log.eval_samples`` samples to ``samples/eval_<n>/`` (the gallery
 compares steps on them), and returns ``eval/*`` metrics. ``summary_lines`` reads the run folder's
 evaluations back and gives the before/after lines the run ends with (flowgrpo/evaluate.py computes the
@@ -17,6 +17,7 @@ import torch
 from flowgrpo.data import read_prompts
 from flowgrpo.engine.watch import Watch, alarm_line
 from flowgrpo.evaluate import before_after, before_after_lines, evaluate, second_half_level
+from flowgrpo.run.errors import build_reward
 from samplers.grids import EVAL_SEED_OFFSET
 
 
@@ -28,6 +29,8 @@ class HeldOut:
         self.cfg, self.writer = cfg, writer
         self.watch = Watch(cfg, cfg.run_dir, modality)  # guards that cannot load fail now, before the model
         self.alarms: list = []  # the last evaluation's
+        # built once, now: a reward model loads once, and one that cannot load fails before the model does
+        self.reward = build_reward(cfg.eval.reward, cfg.eval.reward_kwargs, "the held-out reward (eval.reward)")
 
     def evaluate(self, policy, weights, iteration: int, training: tuple[float, float] | None = None) -> dict:
         """Evaluate ``policy`` with ``weights`` (a WeightCopy, or None for the current weights) at ``iteration``;
@@ -39,7 +42,7 @@ class HeldOut:
         # and needed when sharded (every model call is a collective); each then holds the whole results
         processes = (policy.rank, policy.world, policy.gather) if policy.world > 1 else None
         with policy.using(weights), policy.autocast():  # a labelled bar: the base model's evaluation takes a while
-            summary, media, scores = evaluate(policy.model, prompts, e.reward, metadata, seed=seed, steps=e.steps,
+            summary, media, scores = evaluate(policy.model, prompts, self.reward, metadata, seed=seed, steps=e.steps,
                                               batch_size=e.batch_size, progress=log.progress and policy.rank == 0,
                                               desc=f"held-out eval (iteration {iteration})", processes=processes)
         strict = f"; strict accuracy {summary['strict_accuracy']:.3f}" if "strict_accuracy" in summary else ""

@@ -166,19 +166,26 @@ def test_a_checkpoint_row_beside_the_base_model(capsys, tiny_sd3_dir, tmp_path, 
 
 def test_geneval_is_a_training_reward_on_its_prompts(tiny_sd3_dir, tmp_path, tiny_scorers):
     """`rewards: [{name: geneval}]` with `prompts: geneval`: the benchmark's scorer is the training reward (Flow-GRPO's
-    partial credit), read from each prompt's metadata, through a run's two iterations."""
+    partial credit), read from each prompt's metadata, through a run's two iterations; and the held-out reward
+    (`eval.reward: geneval` with `eval.reward_kwargs`) gives the benchmark's verdict."""
     from flowgrpo.config import load_config
     from flowgrpo.engine.trainer import Trainer
     from train_fixtures import overrides
 
     kwargs = dict(option.split("=", 1) for option in tiny_scorers[1::2])
     cfg = load_config("flow_grpo", None, overrides(tiny_sd3_dir, tmp_path, **{
-        "sampling.plan.group_size": 2, "sampling.plan.num_steps": 2, "prompts": "geneval", "log.samples_every": 1})
-        + [f"rewards=[{{name: geneval, kwargs: {json.dumps(kwargs)}}}]"])
+        "sampling.plan.group_size": 2, "sampling.plan.num_steps": 2, "prompts": "geneval", "log.samples_every": 1,
+        "eval.reward": "geneval", "eval.prompts": "geneval", "eval.limit": 4})
+        + [f"rewards=[{{name: geneval, kwargs: {json.dumps(kwargs)}}}]",
+           f"eval.reward_kwargs={json.dumps({**kwargs, 'score': 'official'})}"])
     Trainer(cfg).train()
     rows = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
     means = [r["reward/geneval_mean"] for r in rows if "reward/geneval_mean" in r]
     assert len(means) == 2 and all(-3 <= m <= 1 for m in means)  # the mean of 1 - |count - found| / count terms
+    # the held-out evaluation: the benchmark's verdict (0/1) and Flow-GRPO's strict accuracy beside it
+    final = [r for r in rows if "eval/mean_score" in r][-1]
+    assert final["eval/num_images"] == 4 and final["eval/mean_score"] in (0, 0.25, 0.5, 0.75, 1)
+    assert 0 <= final["eval/strict_accuracy"] <= 1
     manifest = [json.loads(line) for line in (Path(cfg.run_dir) / "samples" / "step_1" / "manifest.jsonl").read_text().splitlines()]
     assert manifest and all(m["metadata"]["tag"] in GENEVAL_COLUMNS and "geneval" in m["rewards"] for m in manifest)
 
