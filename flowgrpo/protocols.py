@@ -67,6 +67,15 @@ def label_of(model_name: str, checkpoint: str | None) -> str:
     return f"{run}/{path.name}"
 
 
+def iteration_of(checkpoint: str | None) -> int | None:
+    """The training step an evaluation is of: 0 for the base model, n for a checkpoint step_<n>, else None."""
+    if not checkpoint:
+        return 0
+    path = Path(checkpoint).resolve()
+    match = re.fullmatch(r"step_(\d+)", (path.parent if path.name == "model" else path).name)
+    return int(match.group(1)) if match else None
+
+
 def _folder_name(label: str) -> str:
     return "eval_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
 
@@ -100,10 +109,11 @@ def mean_report(scores: torch.Tensor, column: str) -> dict:
 
 def run_protocol(model, protocol: Protocol, reward, *, label: str, limit: int | None = None, block: int = 64,
                  batch_size: int = 16, out: Path | None = None, processes=None, progress: bool = True,
-                 steps: int | None = None, guidance_scale: float | None = None) -> dict:
+                 steps: int | None = None, guidance_scale: float | None = None, iteration: int | None = 0) -> dict:
     """Sample and score the protocol's prompts with ``model`` and return its report (see the module docstring).
     ``block``: prompts sampled and scored at a time (memory); ``processes``: (rank, world, gather), every process
-    calls this and takes its share of each block; only rank 0 writes the images (to ``out``)."""
+    calls this and takes its share of each block; only rank 0 writes the images (to ``out``), each with
+    ``iteration`` (the training step of the weights: the gallery orders the models by it)."""
     from flowgrpo.data import read_prompts
     from flowgrpo.evaluate import evaluate
 
@@ -111,7 +121,8 @@ def run_protocol(model, protocol: Protocol, reward, *, label: str, limit: int | 
     prompts, metadata = read_prompts(protocol.prompts, limit or 0)
     n, k = len(prompts), protocol.images_per_prompt
     scores = torch.full((k, n), math.nan)
-    writer = _SampleWriter(out / "samples" / _folder_name(label), label, protocol.name, k) if out is not None else None
+    writer = (_SampleWriter(out / "samples" / _folder_name(label), label, protocol.name, k, iteration)
+              if out is not None else None)
     rank = processes[0] if processes else 0
     for start in range(0, n, block):
         chunk, meta = prompts[start : start + block], metadata[start : start + block]
@@ -141,8 +152,8 @@ class _SampleWriter:
     """The images of one evaluation in the gallery's format: one group per prompt (its K images are the group's
     samples), the score as the reward column."""
 
-    def __init__(self, folder: Path, label: str, benchmark: str, k: int):
-        self.folder, self.label, self.benchmark, self.k = folder, label, benchmark, k
+    def __init__(self, folder: Path, label: str, benchmark: str, k: int, iteration: int | None):
+        self.folder, self.label, self.benchmark, self.k, self.iteration = folder, label, benchmark, k, iteration
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.iterdir():  # a rerun of the same label replaces its images
             if old.is_file():
@@ -158,6 +169,7 @@ class _SampleWriter:
             score = float(scores[i])
             self.lines.append(json.dumps({
                 "prompt": prompt, "metadata": metadata[i] or {}, "seed": seed, "noise_seed": eval_noise_seed(seed, index),
+                **({"iteration": self.iteration} if self.iteration is not None else {}),
                 "prompt_slot": index, "group": index, "group_size": self.k, "node": j, "parent": -1,
                 "rewards": {self.benchmark: None if math.isnan(score) else score}, "advantage": None,
                 "model": self.label, **_save_media(self.folder, f"p{index:05d}_{j}", image, 8),
@@ -220,5 +232,5 @@ def write_report(out: Path, report: dict) -> str:
     return table
 
 
-__all__ = ["PROTOCOLS", "Protocol", "check_out", "geneval_report", "label_of", "load_protocol", "markdown_table", "mean_report",
+__all__ = ["PROTOCOLS", "Protocol", "check_out", "geneval_report", "iteration_of", "label_of", "load_protocol", "markdown_table", "mean_report",
            "run_protocol", "write_report"]

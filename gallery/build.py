@@ -38,7 +38,7 @@ THUMB_LIMIT = 160  # images with a side above this many pixels get a thumbnail
 THUMB_SIZE = 256  # longest side of a thumbnail
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mov"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
-CACHE_VERSION = 3  # bump when the shard format changes: every step is re-read once
+CACHE_VERSION = 4  # bump when the shard format changes: every step is re-read once
 _SAFE_FILE = re.compile(r"^[^/\\\x00-\x1f]+$")
 _STEP_NUMBER = re.compile(r"(\d+)$")
 
@@ -126,7 +126,8 @@ def _read_step(folder: Path, out: Path) -> tuple[dict, dict]:
     groups: dict[tuple, dict] = {}
     reward_names: list[str] = []
     ids: set[str] = set()
-    bad_lines, iteration = 0, int(number.group(1)) if number else None
+    # the manifest's own iteration wins (a benchmark's folders are named after models); else the folder's number
+    bad_lines, iteration, from_name = 0, None, int(number.group(1)) if number else None
     media = _StepMedia(folder, out)
     for line in (folder / "manifest.jsonl").read_text(errors="replace").splitlines():
         if not line.strip():
@@ -170,6 +171,7 @@ def _read_step(folder: Path, out: Path) -> tuple[dict, dict]:
         sample.update(media.fields(file, row.get("poster")))
         groups[key]["samples"].append(sample)
 
+    iteration = iteration if iteration is not None else from_name
     group_list = list(groups.values())
     for g in group_list:
         # per reward [mean, std, n] over every sample of the group (None: not recorded), aligned like "r"

@@ -188,7 +188,7 @@ def _run_benchmark(args, protocol, model_config, weights) -> int:
 
     from flowgrpo.models import load_model
     from flowgrpo.models.loading import resolve_device
-    from flowgrpo.protocols import label_of, run_protocol, write_report
+    from flowgrpo.protocols import iteration_of, label_of, run_protocol, write_report
     from flowgrpo.run.errors import build_reward, reward_class
     from flowgrpo.run.paths import builtin_models
     from flowgrpo.run.threads import startup_line
@@ -221,7 +221,8 @@ def _run_benchmark(args, protocol, model_config, weights) -> int:
     rank = processes[0] if processes else 0
     report = run_protocol(model, protocol, reward, label=label, limit=args.limit, batch_size=args.batch_size,
                           out=out if not args.no_images else None, processes=processes, progress=rank == 0,
-                          steps=settings.get("steps"), guidance_scale=settings.get("guidance_scale"))
+                          steps=settings.get("steps"), guidance_scale=settings.get("guidance_scale"),
+                          iteration=iteration_of(args.checkpoint))
     report["model"], report["checkpoint"] = model.config.pretrained, args.checkpoint
     report["scorer"] = {"name": protocol.reward["name"], **_settings_of(reward_class(protocol.reward["name"], "--benchmark"), kwargs)}
     if rank == 0:

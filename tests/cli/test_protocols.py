@@ -162,6 +162,10 @@ def test_a_checkpoint_row_beside_the_base_model(capsys, tiny_sd3_dir, tmp_path, 
     site = build_site(out)
     prompts = (site.parent / "data" / "prompts.js").read_text()
     assert "eval_tiny_sd3" in prompts and f"eval_{cfg.run_name}_step_1" in prompts
+    # the models in training order, as the manifests say (not the digits a model's name ends with: tiny_sd3)
+    text = (site.parent / "data" / "index.js").read_text()
+    index = json.loads(text[text.index("{"): text.rindex("}") + 1])
+    assert [(s["name"], s["iteration"]) for s in index["steps"]] == [("eval_tiny_sd3", 0), (f"eval_{cfg.run_name}_step_1", 1)]
 
 
 def test_geneval_is_a_training_reward_on_its_prompts(tiny_sd3_dir, tmp_path, tiny_scorers):
