@@ -385,8 +385,9 @@ class ColourClassifier:
     arch: an open_clip model name (pretrained: an open_clip tag such as "openai", or a checkpoint file), or a
     config dict {"embed_dim", "vision_cfg", "text_cfg"} / a .json file holding one (pretrained: the state-dict
     file, a folder holding open_clip_pytorch_model.bin, or a hub 'owner/repo[/file]'). model / preprocess /
-    tokenizer: ready objects (tests); a missing preprocess or tokenizer is derived from arch. A local copy of the
-    openai weights needs arch "ViT-L-14-quickgelu" (open_clip sets QuickGELU from the "openai" tag only)."""
+    tokenizer: ready objects (tests); a missing preprocess or tokenizer is derived from arch. A tag whose weights were
+    trained with QuickGELU (the "openai" ones) builds the arch with QuickGELU, as the official evaluator's open_clip
+    2.20 did; a local copy of the openai weights needs arch "ViT-L-14-quickgelu"."""
 
     def __init__(self, arch: str | dict = "ViT-L-14", pretrained: str = "openai", *, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, model=None, preprocess=None, tokenizer=None,
@@ -434,8 +435,8 @@ class ColourClassifier:
         option = ("colour_pretrained=/path/to/checkpoint.pt (a local open_clip checkpoint of this arch; openai "
                   "weights with colour_arch=ViT-L-14-quickgelu)")
         local = os.path.isfile(os.path.expanduser(str(pretrained)))
+        tag_cfg = {} if local else open_clip.get_pretrained_cfg(arch, pretrained)
         if not local:
-            tag_cfg = open_clip.get_pretrained_cfg(arch, pretrained)
             if not tag_cfg:
                 tags = [t for a, t in open_clip.list_pretrained() if a == arch]
                 raise ValueError(f"open_clip has no pretrained weights {pretrained!r} for {arch} (tags: {tags}) and no "
@@ -447,7 +448,10 @@ class ColourClassifier:
             except Exception as exc:  # noqa: BLE001  (network, hub and cache errors have many types)
                 raise _unavailable(f"open_clip {arch} weights", pretrained, command, option, exc) from exc
         try:
-            model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=pretrained, device=device)
+            # the openai weights were trained with QuickGELU: open_clip 2.20 (the official evaluator's) built them so
+            # from the "openai" tag; open_clip 3 builds the arch's GELU unless told
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                arch, pretrained=pretrained, device=device, force_quick_gelu=bool(tag_cfg.get("quick_gelu")))
         except (OSError, RuntimeError) as exc:
             raise _unavailable(f"open_clip {arch} weights", pretrained, command, option, exc) from exc
         return model, preprocess

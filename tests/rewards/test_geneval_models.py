@@ -377,3 +377,26 @@ def test_cli_writes_the_tiny_models_and_prints_the_options(tmp_path, capsys):
                        f"colour_arch={out / 'colour_clip.json'}", "--reward-option", f"colour_pretrained={out / 'colour_clip.pt'}"]
     assert (out / "detector" / "config.json").is_file() and (out / "detector" / "preprocessor_config.json").is_file()
     assert json.loads((out / "colour_clip.json").read_text())["embed_dim"] == 16
+
+
+def test_the_openai_tag_builds_quickgelu_as_the_official_open_clip_did(monkeypatch):
+    """open_clip 2.20 (GenEval's) built ViT-L-14/openai with QuickGELU, the activation those weights were trained with;
+    open_clip 3 builds the arch's GELU unless told: the classifier tells it for every tag whose weights want it."""
+    import open_clip
+    import open_clip.pretrained
+
+    from rewards.geneval_models import ColourClassifier
+    from rewards.tiny import tiny_colour_clip
+
+    calls = []
+
+    def create(arch, pretrained=None, device="cpu", **kwargs):
+        calls.append((arch, pretrained, kwargs))
+        return tiny_colour_clip(), None, open_clip.image_transform(32, is_train=False)
+
+    monkeypatch.setattr(open_clip.pretrained, "download_pretrained", lambda cfg, **kwargs: "/dev/null")
+    monkeypatch.setattr(open_clip, "create_model_and_transforms", create)
+    ColourClassifier("ViT-L-14", "openai")
+    ColourClassifier("ViT-L-14", "datacomp_xl_s13b_b90k")  # a GELU tag
+    assert calls == [("ViT-L-14", "openai", {"force_quick_gelu": True}),
+                     ("ViT-L-14", "datacomp_xl_s13b_b90k", {"force_quick_gelu": False})]
