@@ -64,6 +64,12 @@ class Brightness(Reward):
 PLUGIN_REWARD = {"rewards": [{"name": "train_fixtures:Brightness"}]}
 
 
+def blank_reader():
+    """An OCR engine for the OCR reward's `reader=train_fixtures:blank_reader` that reads no text in any image (the
+    OCR protocol's wiring on a machine without PaddleOCR)."""
+    return lambda image: ""
+
+
 class VideoBrightness(Reward):
     """Mean pixel value of a video [B, F, 3, H, W]: varies on any clip, unlike toy_video on a random model."""
 

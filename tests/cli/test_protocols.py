@@ -136,6 +136,19 @@ def test_a_block_size_never_changes_an_image(tmp_path):
     other = (np.asarray(Image.open(tmp_path / "a" / "samples" / "eval_a" / f"p00000_{j}.png"), dtype=int) for j in (0, 1))
     assert np.abs(next(other) - next(other)).mean() > 10  # image 1 of a prompt is another sample than image 0
 
+@needs_shipped
+def test_ocr_protocol_end_to_end_with_a_reader_of_our_own(capsys, tmp_path):
+    """The OCR protocol's prompts, scorer options and table through the command, with an engine that reads nothing:
+    every score is 0 (the prompts' quoted texts are the targets, none is read)."""
+    out = tmp_path / "ocr"
+    assert main(["eval", "--benchmark", "ocr", "--limit", "3", "--steps", "2", "--out", str(out),
+                 "--reward-option", "reader=train_fixtures:blank_reader"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["metric"] == "OCR accuracy" and report["OCR accuracy"] == 0.0 and report["images"] == 3
+    assert report["scorer"]["full_credit_if_contained"] is True
+    assert "| tiny_sd3 | 0.00 ± 0.00 |" in (out / "report.md").read_text()
+
+
 def test_a_checkpoint_row_beside_the_base_model(capsys, tiny_sd3_dir, tmp_path, tiny_scorers):
     """--checkpoint of a run evaluates its weights into the same folder: the table gains its row, and the gallery
     compares the two models' images prompt by prompt."""
