@@ -17,6 +17,10 @@ from flowgrpo.run.errors import build_reward
 from rewards import Reward
 
 
+class NonFiniteSamples(RuntimeError):
+    """The model's samples are NaN or inf (its weights diverged); the message names the fix."""
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -56,8 +60,9 @@ def generate(
             index = torch.arange(len(chunk), device=model.device)
             latents = samplers.sample_ode(counted, x, sigmas, index, solver=solver)
             if not bool(torch.isfinite(latents).all()):
-                raise RuntimeError("the model's samples are NaN or inf: its weights diverged (in training: lower "
-                                   "train.learning_rate or keep train.grad_clip on, and restart from an earlier checkpoint)")
+                raise NonFiniteSamples("the model's samples are NaN or inf: its weights diverged (in training: lower "
+                                       "train.learning_rate or keep train.grad_clip on, and restart from an earlier "
+                                       "checkpoint), or the guidance scale is too large for them")
             images.append(model.decode(latents).float().cpu())
     return torch.cat(images)
 

@@ -99,19 +99,41 @@ def _model_config(args) -> dict:
     return cfg
 
 
+INT_MAX = 2**31 - 1  # what torch's integer arguments (steps, sizes, threads) hold
+SEED_MAX = 2**32 - 1  # as train.seed: an evaluation's noise seed is seed * 1,000,003 + prompt index, in 64 bits
+
+
+def _check_numbers(args) -> None:
+    """flowgrpo eval's numbers, before anything loads: counts from 1 (threads from 0) to INT_MAX, a seed in
+    [0, SEED_MAX], a finite guidance scale >= 0 (one line naming the option and the range)."""
+    import math
+
+    from flowgrpo.run.errors import UserError
+
+    counts = {"--samples-per-prompt": args.samples_per_prompt, "--limit": args.limit, "--batch-size": args.batch_size,
+              "--steps": args.steps, "--resolution": args.resolution, "--images-per-prompt": args.images_per_prompt}
+    for option, value in counts.items():
+        if value is not None and not 1 <= value <= INT_MAX:
+            raise UserError(f"{option} must be ≥ 1, got {value}" if value < 1 else
+                            f"{option} must be at most {INT_MAX:,}, got {value}")
+    if not args.threads <= INT_MAX:
+        raise UserError(f"--threads must be at most {INT_MAX:,}, got {args.threads}")
+    if args.seed is not None and not 0 <= args.seed <= SEED_MAX:
+        raise UserError(f"--seed must be an integer in [0, {SEED_MAX}], got {args.seed}")
+    if args.guidance is not None and not (math.isfinite(args.guidance) and args.guidance >= 0):
+        raise UserError(f"--guidance must be a finite number >= 0 (<= 1 turns CFG off for most families), "
+                        f"got {args.guidance}")
+
+
 def cmd_eval(args) -> int:
     import torch
 
+    from flowgrpo.evaluate import NonFiniteSamples
     from flowgrpo.run.errors import UserError, reward_class
     from flowgrpo.run.paths import resolve_pretrained
     from flowgrpo.run.threads import set_threads
 
-    if args.samples_per_prompt < 1:
-        raise UserError(f"--samples-per-prompt must be ≥ 1, got {args.samples_per_prompt}")
-    for option, value in (("--limit", args.limit), ("--batch-size", args.batch_size), ("--steps", args.steps),
-                          ("--resolution", args.resolution), ("--images-per-prompt", args.images_per_prompt)):
-        if value is not None and value < 1:
-            raise UserError(f"{option} must be ≥ 1, got {value}")
+    _check_numbers(args)
     args.batch_size = args.batch_size or (16 if args.benchmark else 64)
     # every input is checked before the model loads
     weights = _checkpoint_folder(args.checkpoint) if args.checkpoint else None
@@ -139,6 +161,8 @@ def cmd_eval(args) -> int:
         if protocol is not None:
             return _run_benchmark(args, protocol, model_config, weights)
         return _evaluate_and_print(args, prompts, metadata, model_config, weights, options)
+    except NonFiniteSamples as exc:  # diverged weights (a checkpoint of a run that blew up): what the input gives
+        raise UserError(str(exc)) from None
     finally:
         torch.set_num_threads(threads_before)  # main() called in a process that goes on (tests) leaves it as it was
 

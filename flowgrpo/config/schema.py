@@ -237,7 +237,8 @@ class TrainConfig:
     ema_decay: float = key(Rule(lambda v: _number(v) and 0 <= v < 1,
                                                                           "a number in [0, 1) (0 = off)"), 0.0)  # EMA of trainable weights used for evaluation (0 = off), λ = min(decay, (1 + n)/(10 + n))
     mixed_precision: str = key(one_of("no", "bf16", "fp16"), "no")  # accelerate's: no | bf16 | fp16
-    seed: int = key(at_least(0), 0)  # every random draw is a pure function of (seed, iteration, prompt, node)
+    seed: int = key(Rule(lambda v: is_number(v) and 0 <= v <= 2**32 - 1, "an integer in [0, 4294967295]"),
+                    0)  # every random draw is a pure function of (seed, iteration, prompt, node)
     # draw training prompts so that every value of this metadata key (e.g. "task") comes up equally often:
     # each run of N slots (N values) holds one prompt of each value, each value's prompts in their own seeded
     # order. "" (or a prompt set whose prompts carry no such key, e.g. a .txt file) draws every prompt once

@@ -149,6 +149,9 @@ EVAL = [
      r"reward 'pickscore' \(configs/evaluation/pickscore.yaml\) could not be built: TypeError: .*bogus"),
     (["--benchmark", "pickscore", "--out", "{tmp}/empty.txt/evals"], r"--out '.*empty.txt/evals' cannot be created"),
     (["--benchmark", "ocr", "--out", "{tmp}/pick_reports"], r"holds pickscore reports; give each benchmark its own"),
+    (["--steps", "99999999999999"], r"--steps must be at most 2,147,483,647, got 99999999999999"),
+    (["--seed", "-1"], r"--seed must be an integer in \[0, 4294967295\], got -1"),
+    (["--guidance", "nan"], r"--guidance must be a finite number >= 0 .*got nan"),
 ]
 
 
@@ -159,6 +162,18 @@ def test_eval_user_errors_are_one_line_with_the_fix(argv, message, files, capsys
     assert info.value.code == 2
     line = _one_line(capsys.readouterr().err)
     assert re.search(message, line), line
+
+
+def test_eval_of_samples_that_are_not_finite_ends_in_one_line(capsys):
+    """At run time, after the model loaded (its start-up line before it): a diverged checkpoint's, or a guidance scale
+    too large for the weights', NaN samples end the command in one line naming both causes, status 2."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["eval", "--limit", "1", "--steps", "2", "--guidance", "1e30"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.fullmatch(
+        r"flowgrpo eval: error: the model's samples are NaN or inf: its weights diverged .* or the guidance scale is "
+        r"too large for them", err.strip().splitlines()[-1])
 
 
 def test_eval_lists_the_checkpoints_next_to_a_missing_one(tmp_path, capsys):
