@@ -121,9 +121,9 @@ def run_protocol(model, protocol: Protocol, reward, *, label: str, limit: int | 
     prompts, metadata = read_prompts(protocol.prompts, limit or 0)
     n, k = len(prompts), protocol.images_per_prompt
     scores = torch.full((k, n), math.nan)
-    writer = (_SampleWriter(out / "samples" / _folder_name(label), label, protocol.name, k, iteration)
-              if out is not None else None)
     rank = processes[0] if processes else 0
+    writer = (_SampleWriter(out / "samples" / _folder_name(label), label, protocol.name, k, iteration)
+              if out is not None and rank == 0 else None)
     for start in range(0, n, block):
         chunk, meta = prompts[start : start + block], metadata[start : start + block]
         for j in range(k):
@@ -132,10 +132,8 @@ def run_protocol(model, protocol: Protocol, reward, *, label: str, limit: int | 
                 batch_size=batch_size, progress=progress, processes=processes, first_index=start,
                 desc=f"{protocol.title}: prompts {start + 1}-{start + len(chunk)} of {n}, image {j + 1} of {k}")
             scores[j, start : start + len(chunk)] = chunk_scores.float()
-            if writer is not None and rank == 0:
+            if writer is not None:
                 writer.add(images, chunk, meta, chunk_scores, start, j, protocol.seed + j)
-    if writer is not None and rank == 0:
-        writer.close()
     tasks = [m.get("task", "") for m in metadata]
     body = geneval_report(scores, tasks) if protocol.report == "geneval" else mean_report(scores, protocol.column)
     return {
@@ -174,8 +172,7 @@ class _SampleWriter:
                 "rewards": {self.benchmark: None if math.isnan(score) else score}, "advantage": None,
                 "model": self.label, **_save_media(self.folder, f"p{index:05d}_{j}", image, 8),
             }))
-
-    def close(self) -> None:
+        # the manifest of every image so far: an evaluation stopped midway leaves its images viewable
         (self.folder / "manifest.jsonl").write_text("\n".join(self.lines) + "\n")
 
 
