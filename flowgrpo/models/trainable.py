@@ -68,6 +68,9 @@ class TrainableWeights:
                 cast_training_params(network, torch.float32)  # LoRA weights train in fp32
             else:
                 network.requires_grad_(True)
+                # save_pretrained imports diffusers.hooks (peft, transformers: seconds) the first time it runs; that
+                # first save may be the one a SIGINT/SIGTERM asks for, with seconds to spare: import it now
+                import diffusers.hooks  # noqa: F401
             if cfg.gradient_checkpointing:
                 network.enable_gradient_checkpointing()
         self._trainable_names = [(name, n) for name in self.trained_experts
