@@ -118,7 +118,9 @@ def run_protocol(model, protocol: Protocol, reward, *, label: str, limit: int | 
     from flowgrpo.evaluate import evaluate
 
     started = time.time()
-    prompts, metadata = read_prompts(protocol.prompts, limit or 0)
+    prompts, metadata = read_prompts(protocol.prompts)
+    of_prompts = len(prompts)
+    prompts, metadata = prompts[: limit or None], metadata[: limit or None]
     n, k = len(prompts), protocol.images_per_prompt
     scores = torch.full((k, n), math.nan)
     rank = processes[0] if processes else 0
@@ -137,7 +139,7 @@ def run_protocol(model, protocol: Protocol, reward, *, label: str, limit: int | 
     tasks = [m.get("task", "") for m in metadata]
     body = geneval_report(scores, tasks) if protocol.report == "geneval" else mean_report(scores, protocol.column)
     return {
-        "benchmark": protocol.name, "label": label, "prompts": n, "of_prompts": len(read_prompts(protocol.prompts)[0]),
+        "benchmark": protocol.name, "label": label, "prompts": n, "of_prompts": of_prompts,
         "images_per_prompt": k, "images": n * k, "seed": protocol.seed,
         "steps": steps or model.config.sample_steps,
         "guidance_scale": guidance_scale if guidance_scale is not None else model.config.guidance_scale,

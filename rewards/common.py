@@ -37,6 +37,20 @@ def require(module: str, extra: str, what: str):
         ) from exc
 
 
+def first_line(exc: BaseException, limit: int = 160) -> str:
+    """``Type: first line of the message`` (cut at ``limit`` characters): a cause inside a one-line error."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    first = first if len(first) <= limit else first[: limit - 3].rstrip() + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def not_downloaded(what: str, repo: str, exc: BaseException, command: str | None = None,
+                   option: str = "a local folder") -> str:
+    """The one line for weights that could not be loaded from the hub: the cause, the download command, the option."""
+    return (f"{what} {repo!r} could not be loaded ({first_line(exc)}); download it with `{command or f'hf download {repo}'}`"
+            f" (needs the network), or pass {option}")
+
+
 @contextlib.contextmanager
 def downloading(repo: str | None, what: str):
     """Load ``repo`` (a hub id or a local path) inside this block: a hub id that is not in the local cache and
@@ -46,9 +60,7 @@ def downloading(repo: str | None, what: str):
     except OSError as exc:
         if repo is None or os.path.exists(os.path.expanduser(repo)):
             raise
-        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        raise OSError(f"{what}: {repo!r} is not in the local hub cache and could not be downloaded ({first[:160]}); "
-                      f"download it with `hf download {repo}` (or pass a local folder)") from None
+        raise OSError(not_downloaded(what, repo, exc)) from None
 
 
 def import_object(target: str):

@@ -50,7 +50,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from rewards.common import l2_normalize, load_exact, require, resolve_file, torch_load_weights
+from rewards.common import first_line, l2_normalize, load_exact, not_downloaded, require, resolve_file, torch_load_weights
 
 # GenEval's evaluation/object_names.txt: index i of the detector's labels is name i (COCO's 80 thing classes,
 # in COCO order, under GenEval's names: "computer mouse" for COCO's "mouse", and so on)
@@ -211,16 +211,8 @@ def detections_from_mmdet(result, classes: tuple[str, ...] = COCO_CLASSES) -> di
 # ----------------------------------------------------------------------------- detectors
 
 
-def _cause(exc: BaseException, limit: int = 120) -> str:
-    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-    first = first if len(first) <= limit else first[: limit - 3].rstrip() + "..."
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
 def _unavailable(what: str, pretrained: str, command: str, option: str, exc: BaseException) -> RuntimeError:
-    """One line for weights that could not be loaded: the cause's first line, the download command, the option."""
-    return RuntimeError(f"{what} {pretrained!r} could not be loaded ({_cause(exc)}); download it with `{command}` "
-                        f"(needs the network), or pass {option}")
+    return RuntimeError(not_downloaded(what, pretrained, exc, command, option))
 
 
 def _require_scipy() -> None:
@@ -260,7 +252,7 @@ class TransformersMask2Former:
                     processor = Mask2FormerImageProcessor.from_pretrained(pretrained)
             except OSError as exc:
                 if os.path.isdir(os.path.expanduser(str(pretrained))):
-                    raise RuntimeError(f"Mask2Former folder {pretrained!r} could not be loaded ({_cause(exc)}); it needs "
+                    raise RuntimeError(f"Mask2Former folder {pretrained!r} could not be loaded ({first_line(exc)}); it needs "
                                        "config.json, the weights and preprocessor_config.json, as save_pretrained "
                                        "writes them") from exc
                 raise _unavailable("Mask2Former", pretrained, command, option, exc) from exc
