@@ -72,6 +72,12 @@ def validate(cfg: Config) -> None:
     if cfg.model.family == "analytic" and (cfg.sampling.integer_timesteps or cfg.learner.integer_times):
         raise ConfigError("sampling.integer_timesteps and learner.integer_times tell a diffusers network an integer "
                           "timestep; the analytic world's network takes σ itself: set them to false")
+    if cfg.sampling.merge_lora and cfg.model.finetune != "lora":
+        raise ConfigError("sampling.merge_lora merges a LoRA adapter into the weights, and model.finetune=full trains "
+                          "them without one: set sampling.merge_lora=false")
+    if cfg.model.compile and cfg.model.family == "analytic":
+        raise ConfigError("model.compile compiles the blocks of a diffusers transformer; the analytic world's network has "
+                          "none: set model.compile=false")
     if cfg.sampling.log_prob != "gaussian" and cfg.loss.likelihood_backend == "fused":
         raise ConfigError(f"sampling.log_prob={cfg.sampling.log_prob} is scored by the PyTorch likelihood terms only (the "
                           "fused op scores the Gaussian form); set loss.likelihood_backend=reference (or auto)")

@@ -59,6 +59,9 @@ class SamplingConfig:
     # timestep ⌊1000σ⌋ while the kernels step the exact σ, as DiffusionNFT's and DGPO's SD3 rollouts and DanceGRPO's,
     # MixGRPO's and BranchGRPO's FLUX steps do; false: σ·1000 (Flow-GRPO's, AWM's, the pipelines')
     integer_timesteps: bool = key(FLAG, False)
+    # roll out (and evaluate) with the LoRA merged into the weights: no adapter products while sampling; the base
+    # weights are restored exactly afterwards (model.finetune=lora; not with FSDP2 sharding)
+    merge_lora: bool = key(FLAG, False)
     batches_per_iteration: int = key(at_least(1), 1)  # rollout batches per iteration; rewards of batch b run while batch b+1 samples
 
 
@@ -282,6 +285,8 @@ class LogConfig:
     tensorboard: bool = key(FLAG, True)  # also write TensorBoard events (needs the tensorboard package)
     progress: bool = key(FLAG, True)  # progress bars
     gallery: bool = key(FLAG, True)  # build the review site (gallery/) into <run>/gallery at the end of the run
+    # images/s per GPU in the metrics (perf/), and on a GPU the MFU of sampling and training (flowgrpo/engine/throughput.py)
+    mfu: bool = key(FLAG, True)
     wandb: bool = key(FLAG, False)  # also log metrics to Weights & Biases (pip install wandb; project "flowgrpo", run = run_name)
     # measure the gradient noise scale every N iterations from the update's per-micro-batch gradients (0 = never);
     # logs grad_noise/* and prints one line when the batch is below it (flowgrpo/engine/noise_scale.py)

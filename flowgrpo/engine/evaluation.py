@@ -41,7 +41,7 @@ class HeldOut:
         # every process evaluates its share of the prompts (each prompt's noise is its own): faster with several,
         # and needed when sharded (every model call is a collective); each then holds the whole results
         processes = (policy.rank, policy.world, policy.gather) if policy.world > 1 else None
-        with policy.using(weights), policy.autocast():  # a labelled bar: the base model's evaluation takes a while
+        with policy.sampling_with(weights), policy.autocast():  # a labelled bar: the base model's evaluation takes a while
             summary, media, scores = evaluate(policy.model, prompts, self.reward, metadata, seed=seed, steps=e.steps,
                                               batch_size=e.batch_size, progress=log.progress and policy.rank == 0,
                                               desc=f"held-out eval (iteration {iteration})", processes=processes)

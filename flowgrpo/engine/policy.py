@@ -26,7 +26,7 @@ and the same calls work unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import torch
 
@@ -43,7 +43,7 @@ class Policy:
     """The trainable model and every copy of its weights (see the module docstring)."""
 
     def __init__(self, model, accelerator, *, learning_rate: float, weight_decay: float, adam_betas: Sequence[float],
-                 grad_clip: float, optimizer: str = "adamw"):
+                 grad_clip: float, optimizer: str = "adamw", merge_lora: bool = False):
         self.model, self.acc = model, accelerator
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
         plugin = fsdp_plugin(accelerator)
@@ -56,6 +56,14 @@ class Policy:
                 self.sharding.shard(network, model.dtype)
             model.take_reference()  # full fine-tuning's frozen reference, now of the sharded parameters
             model.call_every_expert = len(model.experts) > 1  # the same collectives on every process (Wan2.2)
+        if merge_lora and self.sharding is not None:
+            from flowgrpo.run.errors import ConfigError
+
+            raise ConfigError("sampling.merge_lora merges the adapter into whole weights, and FSDP2 shards them: set "
+                              "sampling.merge_lora=false for a sharded run")
+        self.merge_lora = merge_lora and model.config.finetune == "lora"
+        if model.config.compile:  # after sharding: each block's FSDP2 hooks stay outside its compiled code
+            model.compile_blocks()
         self.params = model.trainable_parameters()
         self.names = [f"p{i}" for i in range(len(self.params))]
         self.optimizer = build_optimizer(optimizer, self.params, learning_rate=learning_rate, weight_decay=weight_decay,
@@ -90,6 +98,16 @@ class Policy:
     def using(self, copy: WeightCopy | None):
         """A context in which the parameters hold ``copy``'s values (None: the current weights)."""
         return nullcontext() if copy is None else copy.swapped_into(self.params)
+
+    def sampling_with(self, copy: WeightCopy | None):
+        """The context a rollout or an evaluation samples in: ``using(copy)``, and with sampling.merge_lora the
+        adapter merged into the weights (``model.merged_adapters``: no adapter products; restored exactly after)."""
+        if not self.merge_lora:
+            return self.using(copy)
+        stack = ExitStack()
+        stack.enter_context(self.using(copy))
+        stack.enter_context(self.model.merged_adapters())
+        return stack
 
     def _follow(self, when: str) -> None:
         for copy in self.copies.values():

@@ -64,7 +64,7 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
         idx = [draws.dataset_index(iteration, s) for s in slots]
         texts, metadata = [draws.prompts[i] for i in idx], [draws.metadata[i] for i in idx]
         cond = model.encode_prompts(texts)
-        with policy.using(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):
+        with policy.sampling_with(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):
             record = samplers.rollout(
                 policy.velocity_fn(cond, sampling.guidance_scale), plan, prompt_ids=slots,
                 latent_shape=model.latent_shape(), seed=cfg.train.seed, iteration=iteration, dtype=model.dtype,
@@ -72,7 +72,7 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
                 reduce=sampling.reduce, log_prob_form=sampling.log_prob, nfe=policy.nfe, transitions=learner.needs_transitions,
             )
         if not bool(torch.isfinite(record.leaf_state).all()):
-            with policy.using(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):
+            with policy.sampling_with(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):
                 cause = nonfinite_cause(record, plan, policy.velocity_fn(cond, sampling.guidance_scale), model)
             raise RuntimeError(f"the policy's samples are NaN or inf at iteration {iteration}: {cause}")
         chunk = 64 if modality == "image" else 8  # a decoded video weighs F images

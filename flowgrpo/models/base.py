@@ -163,6 +163,38 @@ class FlowModel(TrainableWeights):
         )
         return math.exp(mu) if sched.get("time_shift_type", "exponential") == "exponential" else mu
 
+    def compile_blocks(self) -> int:
+        """Regional compilation (``model.compile``): ``torch.compile`` each repeated block of every denoising network,
+        i.e. every element of the networks' block lists (``transformer_blocks``, ``single_transformer_blocks``,
+        Wan's ``blocks``), in place, so sampling and training run the compiled blocks and the code between them
+        (embeddings, the final layer) eagerly. Blocks of one kind share their compiled code (their weights are the
+        graph's inputs); a second batch size compiles once more, with the batch dimension dynamic, and no later
+        shape does. Call it after sharding (the blocks' FSDP2 hooks stay outside the compiled code). Returns the
+        number of blocks compiled."""
+        cfg = self.config
+        options = {"backend": cfg.compile_backend}
+        if cfg.compile_backend == "inductor":
+            options["mode"] = cfg.compile_mode
+        import torch._dynamo
+
+        # one block class's compiled code serves every block of that class; its variants (a block with a second
+        # attention, the last block, with and without gradient or adapter, two batch sizes) may outnumber
+        # torch._dynamo's default of 8 compiled versions per function, past which it would run the blocks eagerly
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        compiled = 0
+        for network in self.experts.values():
+            for child in network.children():
+                if isinstance(child, torch.nn.ModuleList):
+                    for block in child:
+                        block.compile(**options)
+                        compiled += 1
+        if not compiled:
+            from flowgrpo.models.config import ModelConfigError
+
+            raise ModelConfigError(f"model.compile: {type(self.transformer).__name__} has no list of blocks to compile; "
+                                   "set model.compile=false")
+        return compiled
+
     # ---------------------------------------------------------------- family hooks
     def _encode(self, prompts: list[str]) -> tuple[Optional[torch.Tensor], ...]:
         """(prompt_embeds [P, L, D], pooled [P, Dp] or None, text_ids [L, 3] or None) for the prompts, and

@@ -21,6 +21,8 @@ ADAPTER_NAME = "default"  # the peft adapter flowgrpo trains
 EXPERT_COMPONENTS = ("transformer", "transformer_2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FINETUNE_MODES = ("lora", "full")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "cudagraphs")  # torch.compile backends that need no extra package
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 REFERENCE_MODES = ("auto", "adapter_disabled", "frozen_copy", "none")
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -60,6 +62,12 @@ class ModelConfig:
     # "frozen_copy" (a WeightCopy of the trained weights as loaded) | "none" (no reference, no KL term)
     reference: str = "auto"
     gradient_checkpointing: bool = False  # recompute transformer activations in backward to save memory
+    # regional compilation: torch.compile each repeated block of the denoising networks (the elements of their
+    # block lists), for sampling and training; the first calls compile (minutes at real size), later ones reuse it
+    compile: bool = False
+    compile_backend: str = "inductor"  # torch.compile's backend: inductor | aot_eager (traced, no code generated) | cudagraphs
+    # inductor's mode: default | reduce-overhead (CUDA graphs of each block where shapes repeat) | max-autotune-no-cudagraphs
+    compile_mode: str = "default"
     # build the real architecture from configs/models/architectures/<name>/ with random weights (no download):
     # for measuring speed and memory at real size (flowgrpo/models/random_init.py); its samples are noise
     random_weights: bool = False
@@ -170,6 +178,10 @@ def check_model_config(config: ModelConfig) -> ModelConfig:
             "model config reference='adapter_disabled' needs finetune='lora' (full fine-tuning has no adapter "
             "to disable); use reference: frozen_copy (or auto, or none)"
         )
+    if config.compile_backend not in COMPILE_BACKENDS:
+        raise bad("compile_backend", ", ".join(COMPILE_BACKENDS))
+    if config.compile_mode not in COMPILE_MODES:
+        raise bad("compile_mode", ", ".join(COMPILE_MODES))
     backends = attention_backends()
     if config.attention_backend not in backends:
         raise ModelConfigError(

@@ -125,6 +125,37 @@ class TrainableWeights:
                 for p, flag in zip(trainable, requires_grad):
                     p.requires_grad_(flag)
 
+    @contextmanager
+    def merged_adapters(self) -> Iterator[None]:
+        """Inside, each LoRA layer's adapter is merged into its base weight (``W + (α/r)·B·A``, peft's ``merge``), so
+        a network call makes no adapter products (``sampling.merge_lora``: the rollouts); after, every base weight
+        is restored exactly from a copy taken before merging (subtracting the product again would not give the same
+        bits in bf16) and the adapter is used unmerged again. The adapter's own weights are never written. Without
+        gradients; full fine-tuning (no adapter) runs as it is."""
+        if self.config.finetune != "lora":
+            yield
+            return
+        from peft.tuners.lora import LoraLayer
+
+        from flowgrpo.models.config import ADAPTER_NAME
+
+        layers = [m for name in self.trained_experts for m in self.experts[name].modules()
+                  if isinstance(m, LoraLayer) and ADAPTER_NAME in m.lora_A]
+        kept = []
+        try:
+            with torch.no_grad():
+                for layer in layers:
+                    weight = layer.get_base_layer().weight
+                    kept.append((layer, weight.detach().clone()))
+                    layer.merge(adapter_names=[ADAPTER_NAME])
+            yield
+        finally:
+            with torch.no_grad():
+                for layer, weight in kept:
+                    if layer.merged:
+                        layer.unmerge()
+                    layer.get_base_layer().weight.copy_(weight)
+
     def networks(self) -> list[torch.nn.Module]:
         """The networks a sharded run shards: every expert (the trained ones and a frozen one)."""
         return list(self.experts.values())

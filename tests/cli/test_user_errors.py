@@ -100,6 +100,11 @@ TRAINING = [
     (["sampling.method=flow_grpo"], r"error: sampling.method is gone: a preset's file is its whole method, .*choose a "
                                     r"method with --preset NAME"),
     (["--preset", "dance_grpo"], r"error: preset 'dance_grpo' is called 'dancegrpo' now \(--preset dancegrpo\)$"),
+    # the speed levers where they cannot apply
+    (["sampling.merge_lora=true", "model.finetune=full"], r"sampling.merge_lora merges a LoRA adapter into the weights, "
+                                                          r"and model.finetune=full .*set sampling.merge_lora=false$"),
+    (["--config", "configs/analytic.yaml", "model.compile=true"], r"model.compile compiles the blocks of a diffusers "
+                                                                  r"transformer; .*set model.compile=false$"),
     (["sampling.plan.group_size=4096", "sampling.plan.num_steps=1000"],
      r"holds [0-9,]+ states per rollout batch .*more than 1,048,576: it cannot finish in memory or in any sensible "
      r"time; lower those"),
@@ -253,7 +258,8 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "holds a pretraining of other model sizes", "could not write checkpoint", "cannot be read (", "could not be built", "holds the control character", "is a prompt of", "a prompt set may be", "lacks transformer/", "this run cannot fit",
                      "is not a key of the plan", "is not a key of the window", "cannot be built: ",
                      "sampling.method is gone", "is called 'dancegrpo' now", "states per rollout batch",
-                     "the launch started", "the policy's samples are NaN or inf"):
+                     "the launch started", "the policy's samples are NaN or inf", "merges a LoRA adapter",
+                     "compiles the blocks of a diffusers transformer"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
 

@@ -83,6 +83,9 @@ def test_unknown_key_names_the_key_and_a_fix():
         ({"shift": -1.0}, r"'shift' is -1.0"),
         ({"lora_target_modules": []}, r"'lora_target_modules'.*non-empty"),
         ({"attention_backend": "flashy"}, r"'attention_backend' is 'flashy'; use 'native'.*xformers"),
+        ({"compile_backend": "tvm"}, r"'compile_backend' is 'tvm'; allowed: inductor, aot_eager, cudagraphs"),
+        ({"compile_mode": "fast"}, r"'compile_mode' is 'fast'; allowed: default, reduce-overhead"),
+        ({"compile": "sometimes"}, r"bad model config value for 'compile'"),
     ],
 )
 def test_bad_values_raise_naming_the_allowed_values(bad, message):
