@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -41,34 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def matmul_peak(device: torch.device, dtype: torch.dtype, size: int = 8192, repeats: int = 20) -> float:
-    """Measured dense matmul FLOP/s of ``device`` in ``dtype`` (the MFU's denominator)."""
-    if device.type == "cpu":
-        size, repeats, dtype = 1024, 5, torch.float32
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    sync()
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
-
-
-def flops_per_pass(model) -> float:
-    """FLOPs of one network pass on one sample (counted by torch.utils.flop_counter, not estimated): a CFG call
-    is two such passes."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    cond = model.encode_prompts(["a photo of a cat"])
-    x = torch.randn((1, *model.latent_shape()), device=model.device)
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model.velocity(x, torch.tensor([0.5], device=model.device), cond, 1.0)  # guidance 1: one pass
-    return float(counter.get_total_flops())
+from flowgrpo.engine.throughput import flops_per_pass, matmul_peak  # noqa: E402  (the trainer's log.mfu numbers)
+from flowgrpo.memory.check import run_plan  # noqa: E402
+from flowgrpo.memory.plan import planned_families  # noqa: E402
 
 
 def configure(args) -> list[str]:
@@ -95,11 +69,14 @@ def run(args) -> dict:
     cfg = load_config(args.preset, args.model, configure(args) + ["allow_config_change=true"], base=reward,
                       default="default_t2v" if video else "default")
     on_gpu = torch.cuda.is_available() and not cfg.train.cpu
-    peak = matmul_peak(torch.device("cuda" if on_gpu else "cpu"), getattr(torch, cfg.model.dtype))  # before any thread starts
-    trainer = Trainer(cfg)
-    model, device = trainer.model, trainer.model.device
-    flops = flops_per_pass(model)
-    timer, rows, marks = model.call_timer, [], {}
+    device = torch.device("cuda" if on_gpu else "cpu")
+    peak = matmul_peak(device, getattr(torch, cfg.model.dtype) if not on_gpu else
+                       {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision,
+                                                                         getattr(torch, cfg.model.dtype)))
+    trainer = Trainer(cfg)  # before any thread starts: the peak above
+    model = trainer.model
+    flops = trainer.throughput.flops if trainer.throughput is not None and trainer.throughput.mfu else flops_per_pass(model)
+    timer, rows, marks, warmup = model.call_timer, [], {}, []
     update = trainer.learner.update
 
     def marked_update(rollouts):  # the network rows of the update phase start here
@@ -112,7 +89,9 @@ def run(args) -> dict:
     for iteration in range(args.warmup + args.iterations):
         before = timer.totals()
         metrics = trainer.step(iteration)
-        if iteration < args.warmup:
+        if iteration < args.warmup:  # compilation (model.compile), allocator, autotuning
+            warmup.append(metrics["time/iteration"])
+            print(json.dumps({"warmup_iteration": iteration, "seconds": metrics["time/iteration"]}), flush=True)
             continue
         after = timer.totals()
         # network rows (a CFG call counts its two passes) by phase: sampling's before the update began, the update's
@@ -133,14 +112,25 @@ def run(args) -> dict:
             "mfu_sample": flops * sample_rows / max(metrics["time/model_sample"], 1e-9) / peak,
             "mfu_train": flops * (update_rows + 2 * grad_rows) / max(model_train, 1e-9) / peak,
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+            # the rollout's log-probs against the first training pass's (0 unless a lever changes the arithmetic)
+            **{k: metrics[k] for k in metrics if k == "max_abs_ratio_minus_1_epoch0" or k.startswith("perf/")},
         })
         print(json.dumps(rows[-1]), flush=True)
+    planned = None
+    if cfg.model.family in planned_families():  # the memory plan of this very iteration, beside the measured peak
+        first = trainer.schedule.plan(0)
+        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
+        planned = run_plan(cfg, model, trainer.world, False, first.counts()["leaves"], first.num_steps, total).total / 2**30
     trainer.scoring.close()
     trainer.writer.close()
     summary = {"model": args.model, "preset": args.preset or "default", "device": torch.cuda.get_device_name() if
                device.type == "cuda" else "cpu", "dtype": str(model.dtype), "weights": args.weights,
-               "matmul_peak_tflops": peak / 1e12, "flops_per_pass": flops, "leaves_per_prompt": trainer.schedule.plan(0).counts()["leaves"],
-               "prompts_per_iteration": cfg.train.prompts_per_iteration, "iterations": rows}
+               "matmul_peak_tflops": peak / 1e12,
+               "levers": {"model.compile": cfg.model.compile, "model.compile_mode": cfg.model.compile_mode,
+                          "sampling.merge_lora": cfg.sampling.merge_lora,
+                          "model.attention_backend": cfg.model.attention_backend}, "flops_per_pass": flops, "leaves_per_prompt": trainer.schedule.plan(0).counts()["leaves"],
+               "prompts_per_iteration": cfg.train.prompts_per_iteration, "planned_peak_gib": planned,
+               "warmup_seconds": warmup, "iterations": rows}
     return summary
 
 
@@ -163,7 +153,9 @@ def main(argv=None) -> int:
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("seconds", "images_per_s_per_gpu", "mfu_sample", "mfu_train")}
     print(f"{summary['model']} {summary['preset']} on {summary['device']}: {mean['seconds']:.2f} s/iteration, "
           f"{mean['images_per_s_per_gpu']:.2f} images/s/GPU, MFU sampling {mean['mfu_sample']:.1%}, training "
-          f"{mean['mfu_train']:.1%} (peak {summary['matmul_peak_tflops']:.3g} TFLOP/s measured)")
+          f"{mean['mfu_train']:.1%} (peak {summary['matmul_peak_tflops']:.3g} TFLOP/s measured); warm-up "
+          f"{sum(summary['warmup_seconds']):.1f} s; peak memory {rows[-1]['peak_memory_gib'] or 0:.1f} GiB, planned "
+          f"{summary['planned_peak_gib'] or 0:.1f} GiB")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=1))

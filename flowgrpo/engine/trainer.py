@@ -35,6 +35,7 @@ from flowgrpo.engine.optim import learning_rate_at
 from flowgrpo.engine.rollout import describe_batches, plan_schedule
 from flowgrpo.engine.policy import Policy
 from flowgrpo.engine.scoring import Scoring
+from flowgrpo.engine.throughput import Throughput
 from flowgrpo.memory import check_before_rollout
 from flowgrpo.run.checkpoint import checkpoint_dirs
 from flowgrpo.run.launch import check_launch, launched_without_accelerator
@@ -67,8 +68,11 @@ class Trainer:
             cfg.model.device = "cpu" if device.type == "cpu" else str(device)
         torch.manual_seed(t.seed)  # LoRA initialisation draws from the global generator
         self.model = load_model(cfg.model)
+        # log.mfu: one pass's FLOPs counted (before model.compile, which the policy applies) and the device's peak
+        self.throughput = Throughput(self.model, t.mixed_precision) if cfg.log.mfu else None
         self.policy = Policy(self.model, self.acc, learning_rate=t.learning_rate, weight_decay=t.weight_decay,
-                             adam_betas=t.adam_betas, grad_clip=t.grad_clip, optimizer=t.optimizer)
+                             adam_betas=t.adam_betas, grad_clip=t.grad_clip, optimizer=t.optimizer,
+                             merge_lora=cfg.sampling.merge_lora)
         # the held-out evaluation's weights: an EMA of the trained ones, updated after every optimizer step
         self.ema = self.policy.copy("ema", warmed_decay(t.ema_decay)) if t.ema_decay > 0 else None
         self.schedule = plan_schedule(cfg, self.model)
@@ -132,6 +136,7 @@ class Trainer:
         sampling, updating = timer.delta(model_sampled, model_start), timer.delta(timer.totals(), model_sampled)
         times.update({"time/model_sample": sampling["total"], "time/model_update_forward": updating["forward"],
                       "time/model_update_backward": updating["backward"]})
+        images = sum(b.record.num_leaves for b in batches)
         self.iteration = iteration + 1
         self._steps_at_checkpointable = policy.optimizer_steps + policy.skipped_steps  # the update is done
         leaf_rewards, leaf_adv = stats.pop("leaf_rewards"), stats.pop("leaf_advantages")
@@ -151,6 +156,8 @@ class Trainer:
                 pass
             self.acc.wait_for_everyone()
         metrics["time/iteration"] = time.time() - started
+        if self.throughput is not None:
+            metrics.update(self.throughput.metrics(images, metrics["time/iteration"], sampling, updating))
         self.writer.log(self.iteration, metrics)
         return metrics
 

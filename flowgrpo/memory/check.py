@@ -52,6 +52,17 @@ def host_memory() -> tuple[int, int] | None:
     return (available, resident) if available is not None else None
 
 
+def run_plan(cfg, model, processes: int, sharded: bool, group: int, steps: int, available: float):
+    """The memory plan (flowgrpo/memory/plan.py) of a run's own iteration: the loaded pipeline's configurations and the
+    run's settings, against ``available`` bytes per device (``benchmarks/bench_scale.py`` sets it beside the measured
+    peak)."""
+    arch = architecture_from_configs(cfg.model.family, pipeline_configs(model.pipeline), "the loaded pipeline")
+    return plan(arch, cfg.model, processes, sharded, gpu_memory=available / GIB, group=group,
+                micro_batch=cfg.train.micro_batch, steps=steps, margin=0.0,
+                train_cfg=getattr(cfg.learner, "train_guidance", "conditional") != "conditional",
+                optimizer=cfg.train.optimizer)
+
+
 def check_before_rollout(cfg, model, processes: int, sharded: bool, group: int, steps: int, warn) -> str | None:
     """Compare the iteration's planned memory per device with what the device has (free, plus what this process
     holds already: the loaded model), before the first rollout: a GPU's memory, or on the CPU the host's (Linux).
@@ -74,11 +85,7 @@ def check_before_rollout(cfg, model, processes: int, sharded: bool, group: int, 
         if host is None:
             return None
         available = host[0] + host[1]
-    arch = architecture_from_configs(cfg.model.family, pipeline_configs(model.pipeline), "the loaded pipeline")
-    result = plan(arch, cfg.model, processes, sharded, gpu_memory=available / GIB, group=group,
-                  micro_batch=cfg.train.micro_batch, steps=steps, margin=0.0,
-                  train_cfg=getattr(cfg.learner, "train_guidance", "conditional") != "conditional",
-                  optimizer=cfg.train.optimizer)
+    result = run_plan(cfg, model, processes, sharded, group, steps, available)
     verdict = memory_verdict(result.total, available)
     where = "GPU" if device.type == "cuda" else "process"
     numbers = (f"the memory plan puts this iteration at {gib(result.total)} GiB per {where} (weights and optimizer "

@@ -44,6 +44,7 @@ class CallTimer:
         self._pending: list[tuple[str, object, object]] = []  # CUDA: (key, start event, end event)
         self._in_backward = False
         self._backward_mark = None  # time or event at which the open backward reached a network output
+        self._paused = False
 
     # -- clocks ------------------------------------------------------------------------------
     def _now(self):
@@ -67,6 +68,9 @@ class CallTimer:
         """Around one network call of ``rows`` batch rows; yields ``watch(output)``, which arms the
         backward mark on an output that requires grad."""
         kind = "grad" if torch.is_grad_enabled() else "no_grad"
+        if self._paused:
+            yield lambda output: None
+            return
         start = self._now()
         try:
             yield self._watch
@@ -98,6 +102,15 @@ class CallTimer:
                 self._add("backward", self._backward_mark, self._now())
                 self.backward_calls += 1
             self._backward_mark = None
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside, network calls are not counted (a measurement's own call, such as the FLOP count of one pass)."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
 
     # -- reading -----------------------------------------------------------------------------
     def totals(self) -> dict[str, float]:
