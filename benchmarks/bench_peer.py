@@ -40,7 +40,8 @@ transformer's dtype after every step while flowgrpo keeps them in float32, and a
 output depends on the batch it runs in (the peer encodes every sample's prompt, flowgrpo each prompt
 once): measured on an H200, x' differed by 2 bf16 ulps and the embeddings by 5. Then ``--repeats`` rounds alternate the
 two (ABBA order), and the medians per phase and their ratio (peer / flowgrpo) are printed, with the
-checkout's commit id.
+checkout's commit id. flowgrpo's speed levers (``model.compile=true sampling.merge_lora=true`` as overrides) apply
+to flowgrpo's side alone: the peer runs its code as published, eagerly (``Peer.as_published``).
 """
 
 from __future__ import annotations
@@ -233,6 +234,11 @@ class Peer:
 
         self.timer = CallTimer(trainer.model.device)  # the peer's model calls, timed as flowgrpo's are
 
+    def as_published(self):
+        """The peer runs its code as published: eagerly, also where flowgrpo's side compiled the shared transformer's
+        blocks in place (model.compile); flowgrpo's merged-LoRA rollouts (sampling.merge_lora) never reach it."""
+        return torch.compiler.set_stance("force_eager") if self.tr.cfg.model.compile else contextlib.nullcontext()
+
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(prompt_embeds, pooled) of every prompt, by the pipeline's encode_prompt (CLIP-L, CLIP-G, T5)."""
@@ -251,7 +257,7 @@ class Peer:
         neg, neg_pooled = self.neg[0].repeat(n, 1, 1), self.neg[1].repeat(n, 1)
         self.transformer.eval()
         with torch.no_grad(), fed_noise(self.fn.sde_module, draws), scheduler_grid(self.pipeline.scheduler), \
-                timed_calls(self.transformer, self.timer), inputs_in_weight_dtype(self.transformer):
+                timed_calls(self.transformer, self.timer), inputs_in_weight_dtype(self.transformer), self.as_published():
             images, all_latents, log_probs = self.fn.pipeline_with_logprob(
                 self.pipeline, prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled,
                 negative_prompt_embeds=neg, negative_pooled_prompt_embeds=neg_pooled,
@@ -279,7 +285,7 @@ class Peer:
         self.transformer.train()
         self.optimizer.zero_grad(set_to_none=True)
         info: dict[str, list] = {"approx_kl": [], "clipfrac": [], "loss": []}
-        with timed_calls(self.transformer, self.timer), inputs_in_weight_dtype(self.transformer):
+        with timed_calls(self.transformer, self.timer), inputs_in_weight_dtype(self.transformer), self.as_published():
             for sample in batches:
                 self._train_batch(sample, num_train, clip, accumulation, info)
         torch.nn.utils.clip_grad_norm_(self.params, self.tr.cfg.train.grad_clip)

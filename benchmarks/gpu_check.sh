@@ -12,7 +12,7 @@
 #   ops_tests     the CUDA likelihood op's GPU tests (values, gradients, reproducibility, agreement with the CPU)
 #   bench_ops     bench_ops.py --device cuda: the fused op against eager PyTorch, achieved bandwidth
 #   bench_peer    with FLOW_GRPO_PATH: the equal-work comparison with the reference code at SD3.5-Medium size,
-#                 bf16 (equality of log-probs first, then the timing)
+#                 bf16, flowgrpo with its speed levers (equality of log-probs first, then the timing)
 #   preset_tests  every preset end to end on CUDA (tiny model)
 #   scaling       only with ONLY=scaling: sharding and the memory plan (benchmarks/gpu_scaling_check.sh)
 # ONLY="<step prefix> ..." runs the matching steps alone; the runs' folders go to RUNS (default /tmp/gpu_check_runs).
@@ -74,9 +74,10 @@ scale scale_qwen_image_flow_grpo qwen_image flow_grpo 300 sampling.plan.group_si
 step ops_tests 110 python3 -m pytest -q -p no:cacheprovider -m gpu tests/likelihood/test_ops.py
 step bench_ops 45 python3 benchmarks/bench_ops.py --no-compile --device cuda
 if [ -n "${FLOW_GRPO_PATH:-}" ]; then
-  TAIL=12 step bench_peer 150 python3 benchmarks/bench_peer.py --flow-grpo "$FLOW_GRPO_PATH" --model sd3_5_medium \
+  # flowgrpo with its speed levers against the reference code as published (eager; bench_peer's Peer.as_published)
+  TAIL=12 step bench_peer 400 python3 benchmarks/bench_peer.py --flow-grpo "$FLOW_GRPO_PATH" --model sd3_5_medium \
       --random-weights --threads 0 --repeats 2 --prompts 1 --group 16 --steps 10 --micro-batch 16 \
-      train.mixed_precision=bf16 ${EXTRA:-}
+      train.mixed_precision=bf16 model.compile=true sampling.merge_lora=true ${EXTRA:-}
 fi
 scale scale_flux_dev_default flux_dev default 90 train.prompts_per_iteration=1 sampling.plan.group_size=8
 step preset_tests 80 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/engine/test_train_presets.py
