@@ -21,7 +21,8 @@ GPU memory (``torch.cuda.max_memory_allocated``) and the model-FLOP utilisation 
                                     ``torch.utils.flop_counter``, times the passes the model's call timer counted
                                     in the phase (a CFG call is two), and for the update twice more for the
                                     backward of the passes with gradient; gradient checkpointing's recompute is
-                                    not counted; peak = this device's measured dense matmul rate in the model dtype
+                                    not counted; peak = this device's measured dense matmul rate in the dtype
+                                    the calls run in (the trainer's own log.mfu code, flowgrpo/engine/throughput.py)
 
 Prints one JSON row per measured iteration and a summary; ``--out`` writes them. Runs on the CPU too (the
 tests run it on the tiny model), where the peak is the CPU's float32 matmul rate.
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-from flowgrpo.engine.throughput import flops_per_pass, matmul_peak  # noqa: E402  (the trainer's log.mfu numbers)
+from flowgrpo.engine.throughput import Throughput  # noqa: E402  (the trainer's log.mfu numbers)
 from flowgrpo.memory.check import run_plan  # noqa: E402
 from flowgrpo.memory.plan import planned_families  # noqa: E402
 
@@ -68,14 +69,13 @@ def run(args) -> dict:
               else {"rewards": [{"name": "jpeg_compressibility"}]})
     cfg = load_config(args.preset, args.model, configure(args) + ["allow_config_change=true"], base=reward,
                       default="default_t2v" if video else "default")
-    on_gpu = torch.cuda.is_available() and not cfg.train.cpu
-    device = torch.device("cuda" if on_gpu else "cpu")
-    peak = matmul_peak(device, getattr(torch, cfg.model.dtype) if not on_gpu else
-                       {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.mixed_precision,
-                                                                         getattr(torch, cfg.model.dtype)))
-    trainer = Trainer(cfg)  # before any thread starts: the peak above
-    model = trainer.model
-    flops = trainer.throughput.flops if trainer.throughput is not None and trainer.throughput.mfu else flops_per_pass(model)
+    trainer = Trainer(cfg)
+    model, device = trainer.model, trainer.model.device
+    # the trainer's own log.mfu numbers (flowgrpo/engine/throughput.py): one FLOP count and one peak for both; on the
+    # CPU, where the trainer counts images only, measured here too (the peak is then the CPU's float32 matmul rate)
+    throughput = trainer.throughput
+    if throughput is None or not throughput.mfu:
+        throughput = trainer.throughput = Throughput(model, cfg.train.mixed_precision, mfu=True)
     timer, rows, marks, warmup = model.call_timer, [], {}, []
     update = trainer.learner.update
 
@@ -97,23 +97,21 @@ def run(args) -> dict:
         # network rows (a CFG call counts its two passes) by phase: sampling's before the update began, the update's
         # after (with gradient, and without: the old policy's, the reference's, an EMA's)
         mid = marks["update"]
-        sample_rows = mid["rows_no_grad"] + mid["rows_grad"] - before["rows_no_grad"] - before["rows_grad"]
-        grad_rows = after["rows_grad"] - mid["rows_grad"]
-        update_rows = grad_rows + after["rows_no_grad"] - mid["rows_no_grad"]
+        sampling, updating = timer.delta(mid, before), timer.delta(after, mid)
         leaves = trainer.schedule.plan(iteration).counts()["leaves"] * cfg.train.prompts_per_iteration // trainer.world
-        model_train = metrics["time/model_update_forward"] + metrics["time/model_update_backward"]
+        perf = throughput.metrics(leaves, metrics["time/iteration"], sampling, updating)
         rows.append({
             "iteration": iteration, "seconds": metrics["time/iteration"],
             "sample_s": metrics["time/sample"], "sample_model_s": metrics["time/model_sample"],
             "score_s": metrics["time/score_wait_and_advantage"], "update_s": metrics["time/update"],
-            "update_model_s": model_train, "images": leaves, "network_rows": {"sample": sample_rows,
-                                                                             "update": update_rows, "grad": grad_rows},
-            "images_per_s_per_gpu": leaves / metrics["time/iteration"],
-            "mfu_sample": flops * sample_rows / max(metrics["time/model_sample"], 1e-9) / peak,
-            "mfu_train": flops * (update_rows + 2 * grad_rows) / max(model_train, 1e-9) / peak,
+            "update_model_s": updating["total"], "images": leaves,
+            "network_rows": {"sample": sampling["rows_no_grad"] + sampling["rows_grad"],
+                             "update": updating["rows_grad"] + updating["rows_no_grad"], "grad": updating["rows_grad"]},
+            "images_per_s_per_gpu": perf["perf/images_per_s_per_gpu"],
+            "mfu_sample": perf["perf/mfu_sample"], "mfu_train": perf["perf/mfu_train"],
             "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
             # the rollout's log-probs against the first training pass's (0 unless a lever changes the arithmetic)
-            **{k: metrics[k] for k in metrics if k == "max_abs_ratio_minus_1_epoch0" or k.startswith("perf/")},
+            **{k: metrics[k] for k in ("max_abs_ratio_minus_1_epoch0",) if k in metrics},
         })
         print(json.dumps(rows[-1]), flush=True)
     planned = None
@@ -125,10 +123,10 @@ def run(args) -> dict:
     trainer.writer.close()
     summary = {"model": args.model, "preset": args.preset or "default", "device": torch.cuda.get_device_name() if
                device.type == "cuda" else "cpu", "dtype": str(model.dtype), "weights": args.weights,
-               "matmul_peak_tflops": peak / 1e12,
+               "matmul_peak_tflops": throughput.peak / 1e12,
                "levers": {"model.compile": cfg.model.compile, "model.compile_mode": cfg.model.compile_mode,
                           "sampling.merge_lora": cfg.sampling.merge_lora,
-                          "model.attention_backend": cfg.model.attention_backend}, "flops_per_pass": flops, "leaves_per_prompt": trainer.schedule.plan(0).counts()["leaves"],
+                          "model.attention_backend": cfg.model.attention_backend}, "flops_per_pass": throughput.flops, "leaves_per_prompt": trainer.schedule.plan(0).counts()["leaves"],
                "prompts_per_iteration": cfg.train.prompts_per_iteration, "planned_peak_gib": planned,
                "warmup_seconds": warmup, "iterations": rows}
     return summary

@@ -60,10 +60,10 @@ def compute_dtype(model, mixed_precision: str) -> torch.dtype:
 
 class Throughput:
     """``log.mfu``'s per-iteration numbers (see the module docstring). On a GPU, building it counts one pass's
-    FLOPs and measures the device's peak (well under a second); on the CPU it only counts images."""
+    FLOPs and measures the device's peak (well under a second); on the CPU it only counts images, unless ``mfu``."""
 
-    def __init__(self, model, mixed_precision: str):
-        self.mfu = model.device.type == "cuda"
+    def __init__(self, model, mixed_precision: str, mfu: bool | None = None):
+        self.mfu = model.device.type == "cuda" if mfu is None else mfu  # mfu=True: on the CPU too (bench_scale)
         self.flops = flops_per_pass(model) if self.mfu else 0.0
         self.peak = matmul_peak(model.device, compute_dtype(model, mixed_precision)) if self.mfu else 0.0
 

@@ -173,7 +173,7 @@ class FlowModel(TrainableWeights):
         number of blocks compiled."""
         cfg = self.config
         options = {"backend": cfg.compile_backend}
-        if cfg.compile_backend == "inductor":
+        if cfg.compile_backend == "inductor":  # the config allows another mode only with inductor
             options["mode"] = cfg.compile_mode
         import torch._dynamo
 

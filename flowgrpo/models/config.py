@@ -182,6 +182,8 @@ def check_model_config(config: ModelConfig) -> ModelConfig:
         raise bad("compile_backend", ", ".join(COMPILE_BACKENDS))
     if config.compile_mode not in COMPILE_MODES:
         raise bad("compile_mode", ", ".join(COMPILE_MODES))
+    if config.compile_mode != "default" and config.compile_backend != "inductor":
+        raise bad("compile_mode", f"default with compile_backend={config.compile_backend!r} (a mode is inductor's)")
     backends = attention_backends()
     if config.attention_backend not in backends:
         raise ModelConfigError(

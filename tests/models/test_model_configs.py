@@ -86,6 +86,7 @@ def test_unknown_key_names_the_key_and_a_fix():
         ({"compile_backend": "tvm"}, r"'compile_backend' is 'tvm'; allowed: inductor, aot_eager, cudagraphs"),
         ({"compile_mode": "fast"}, r"'compile_mode' is 'fast'; allowed: default, reduce-overhead"),
         ({"compile": "sometimes"}, r"bad model config value for 'compile'"),
+        ({"compile_backend": "aot_eager", "compile_mode": "reduce-overhead"}, r"'compile_mode'.*a mode is inductor's"),
     ],
 )
 def test_bad_values_raise_naming_the_allowed_values(bad, message):
