@@ -318,34 +318,54 @@ def cmd_plan(args) -> int:
     from omegaconf import OmegaConf
 
     from flowgrpo.models.config import validate_model_config
-    from flowgrpo.memory import DEFAULT_COPIES, format_plan, plan, planned_families, read_architecture
+    from flowgrpo.memory import (DEFAULT_COPIES, chunk_that_fits, context_parallel_refusal, format_plan, plan,
+                                 planned_families, read_architecture)
     from flowgrpo.run.errors import UserError
     from flowgrpo.run.paths import configs_dir
 
     path = _model_yaml(args.model)
-    model_config = validate_model_config(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
-    if model_config.family not in planned_families():
-        raise UserError(f"--model {args.model!r} is of the {model_config.family!r} family; flowgrpo plan has the "
-                        f"activation inventory of the {', '.join(planned_families())} families only; measure this one on a "
-                        f"GPU: python benchmarks/bench_memory.py --model {args.model} (docs/memory.md)")
     for option, value in (("--processes", args.processes), ("--group", args.group), ("--micro-batch", args.micro_batch),
-                          ("--steps", args.steps)):
+                          ("--steps", args.steps), ("--context-parallel", args.context_parallel),
+                          ("--height", args.height), ("--width", args.width), ("--frames", args.frames)):
         if value is not None and value < 1:
             raise UserError(f"{option} must be >= 1, got {value}")
+    if args.chunk is not None and args.chunk < 0:
+        raise UserError(f"--chunk must be >= 0 (0: the plan's choice), got {args.chunk}")
+    size = {k: v for k, v in (("resolution", args.height), ("width", args.width), ("num_frames", args.frames))
+            if v is not None}
+    model_config = validate_model_config({**OmegaConf.to_container(OmegaConf.load(path), resolve=True), **size})
+    if model_config.family not in planned_families():
+        raise UserError(f"--model {args.model!r} is of the {model_config.family!r} family, which has no architecture "
+                        f"to plan; flowgrpo plan covers the {', '.join(planned_families())} families")
     if not args.gpu_memory > 0:
         raise UserError(f"--gpu-memory must be > 0 GiB, got {args.gpu_memory}")
     if args.fsdp and args.processes is None:
         raise UserError("--fsdp shards over the processes: give --processes N")
+    processes = args.processes or 1
+    if processes % args.context_parallel:
+        raise UserError(f"--context-parallel {args.context_parallel} splits each sample over that many of the "
+                        f"processes: give --processes a multiple of it (got {processes})")
     group = args.group
     if group is None:  # the default run config's group size (the video default for video families)
         default = "default_t2v.yaml" if model_config.family == "wan" else "default.yaml"
         group = int(OmegaConf.load(configs_dir() / default).sampling.plan.group_size)
     copies = DEFAULT_COPIES if args.copies is None else tuple(c for c in args.copies.split(",") if c)
     arch = read_architecture(model_config, name=path.stem)
-    result = plan(arch, model_config, args.processes or 1, args.fsdp, args.finetune, args.gpu_memory, group=group,
-                  micro_batch=args.micro_batch, steps=args.steps, checkpointing=False if args.no_checkpointing else None,
-                  copies=copies, master_dtype="float32" if args.master_weights == "float32" else None,
-                  train_cfg=args.train_cfg, name=path.stem)
+    refusal = context_parallel_refusal(arch, args.context_parallel)
+    if refusal:
+        raise UserError(refusal)
+
+    def planned(chunk):
+        return plan(arch, model_config, processes, args.fsdp, args.finetune, args.gpu_memory, group=group,
+                    micro_batch=args.micro_batch, steps=args.steps, checkpointing=False if args.no_checkpointing else None,
+                    copies=copies, master_dtype="float32" if args.master_weights == "float32" else None,
+                    train_cfg=args.train_cfg, name=path.stem, context_parallel=args.context_parallel, chunk=chunk,
+                    latents=args.latents, offload_text_encoders=args.offload_text_encoders,
+                    activation_offload=args.activation_offload)
+
+    result = planned(args.chunk or None)
+    if args.chunk == 0:  # the plan's choice: the largest chunk whose rollout call fits beside the rest
+        result = planned(chunk_that_fits(result, result.usable))
     print(format_plan(result))
     return 0
 
@@ -563,6 +583,19 @@ def build_parser() -> argparse.ArgumentParser:
                          "or as float32 master weights")
     pl.add_argument("--train-cfg", action="store_true",
                     help="the training forward is the CFG pair (learner.train_guidance=cfg): two passes a sample")
+    pl.add_argument("--height", type=int, help="image or frame height in pixels (default: the model config's resolution)")
+    pl.add_argument("--width", type=int, help="image or frame width in pixels (default: the model config's width)")
+    pl.add_argument("--frames", type=int, help="video frames (default: the model config's num_frames)")
+    pl.add_argument("--context-parallel", type=int, default=1, metavar="C", help="split each sample's tokens over C of "
+                    "the processes (train.context_parallel: diffusers' Ulysses/ring; Wan, FLUX.1, FLUX.2, Qwen-Image)")
+    pl.add_argument("--chunk", type=int, metavar="R", help="the rollout's no-grad call R samples at a time "
+                    "(sampling.chunk; 0: the largest that fits; default: the whole group in one call)")
+    pl.add_argument("--latents", choices=["float32", "bfloat16", "host"], default="float32",
+                    help="where the rollout's stored latents live (sampling.latent_storage; default float32)")
+    pl.add_argument("--offload-text-encoders", action="store_true",
+                    help="the text encoders leave the GPU once the prompts are encoded (model.offload_text_encoders)")
+    pl.add_argument("--activation-offload", action="store_true",
+                    help="the training forward's saved tensors in host memory (train.activation_offload)")
     pl.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     pl.set_defaults(func=cmd_plan)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
@@ -47,7 +47,9 @@ class Block:
     """One transformer block (one FSDP unit): its kind, qualified name, parameters and widths."""
 
     name: str  # e.g. transformer_blocks.3
-    kind: str  # "joint" (SD3 / FLUX double-stream), "single" (FLUX single-stream), "wan"
+    # "joint" (SD3 / FLUX double-stream), "single" (FLUX single-stream), "wan" (the hand inventory's kinds);
+    # "qwen_image", "flux2_joint", "flux2_single", "z_image" (counted by autograd alone: saved.py)
+    kind: str
     params: int
     dim: int  # width of the residual stream D
     inner: int  # heads · head_dim of the attention
@@ -65,11 +67,13 @@ class Block:
 class Geometry:
     """What turns a resolution into tokens and latents."""
 
-    family: str  # sd3 | flux | wan
+    family: str  # sd3 | flux | wan | qwen_image | flux2 | z_image
     latent_channels: int  # channels of the (unpacked) latent the samplers see
     vae_spatial: int  # pixels per latent pixel
     vae_temporal: int = 1  # frames per latent frame (video)
-    patch: tuple[int, int, int] = (1, 2, 2)  # latent (frames, rows, columns) per token (FLUX: its 2x2 packing)
+    # latent (frames, rows, columns) per token (FLUX, Qwen-Image: the adapter's 2x2 packing; FLUX.2: 1, its latent is
+    # patchified already)
+    patch: tuple[int, int, int] = (1, 2, 2)
     text_tokens_extra: int = 0  # text tokens besides max_sequence_length (SD3: CLIP's 77)
     text_width: int = 4096  # width of the text encoder's output the transformer reads
     in_width: int = 64  # width of a token's latent input (the patch embedding's input)
@@ -82,6 +86,8 @@ class Architecture:
     blocks: tuple[Block, ...]
     geometry: Geometry
     source: str = ""  # where the configurations were read
+    # the transformer's configuration (JSON, sorted keys): what autograd's count of its saved tensors builds
+    transformer_config: str = field(default="", compare=False, repr=False)
 
     @property
     def transformer(self) -> Component:
@@ -145,10 +151,36 @@ def architecture_from_configs(family: str, configs: dict[str, dict], source: str
         linears=linears,
         blocks=_blocks(transformer),
         # the blocks' geometry of the family's activation inventory (its record's memory_inventory)
-        geometry=_geometry(getattr(FAMILIES.get(family), "memory_inventory", None) or family, transformer.config,
-                           configs.get("vae", {}), configs),
+        geometry=_geometry(_geometry_family(family), transformer.config, configs.get("vae", {}), configs),
         source=source,
+        transformer_config=json.dumps(configs["transformer"], sort_keys=True, default=str),
     )
+
+
+_GEOMETRY_OF = {"flux2_klein": "flux2"}  # families that share another's geometry
+
+
+def _geometry_family(family: str) -> str:
+    """The geometry a family's latents and tokens have: its own, another's (FLUX.2 klein: FLUX.2's), or its record's
+    memory_inventory (a registered family whose blocks are SD3's, FLUX.1's or Wan's)."""
+    return _GEOMETRY_OF.get(family) or getattr(FAMILIES.get(family), "memory_inventory", None) or family
+
+# the diffusers transformer class of each family (context parallelism asks it for its ``_cp_plan``)
+TRANSFORMER_CLASSES = {"sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel", "wan": "WanTransformer3DModel",
+                       "qwen_image": "QwenImageTransformer2DModel", "flux2": "Flux2Transformer2DModel",
+                       "flux2_klein": "Flux2Transformer2DModel", "z_image": "ZImageTransformer2DModel"}
+
+
+def has_cp_plan(class_name: str) -> bool:
+    """Whether the diffusers transformer class splits its sequence for context parallelism (a ``_cp_plan``)."""
+    import diffusers
+
+    return getattr(getattr(diffusers, class_name, None), "_cp_plan", None) is not None
+
+
+def context_parallel_families() -> list[str]:
+    """The families whose transformer class has a ``_cp_plan`` (Ulysses / ring attention in diffusers)."""
+    return sorted(family for family, name in TRANSFORMER_CLASSES.items() if has_cp_plan(name))
 
 
 def _blocks(transformer) -> tuple[Block, ...]:
@@ -157,11 +189,22 @@ def _blocks(transformer) -> tuple[Block, ...]:
     c = transformer.config
     blocks = []
     for name, module in transformer.named_modules():
-        kind = {"JointTransformerBlock": "joint", "FluxTransformerBlock": "joint", "FluxSingleTransformerBlock": "single",
-                "WanTransformerBlock": "wan"}.get(type(module).__name__)
+        kind = {"JointTransformerBlock": "joint", "FluxTransformerBlock": "joint",
+                "FluxSingleTransformerBlock": "single", "WanTransformerBlock": "wan",
+                "QwenImageTransformerBlock": "qwen_image",
+                "Flux2TransformerBlock": "flux2_joint", "Flux2SingleTransformerBlock": "flux2_single",
+                "ZImageTransformerBlock": "z_image"}.get(type(module).__name__)
         if kind is None:
             continue
         params = sum(p.numel() for p in module.parameters())
+        if kind in ("qwen_image", "flux2_joint", "flux2_single", "z_image"):  # widths for the estimates only
+            attn = module.attention if kind == "z_image" else module.attn
+            mlp = {"qwen_image": lambda: module.img_mlp.net[0].proj.out_features,
+                   "flux2_joint": lambda: module.mlp_hidden_dim, "flux2_single": lambda: attn.mlp_hidden_dim,
+                   "z_image": lambda: module.feed_forward.w1.out_features}[kind]()
+            blocks.append(Block(name, kind, params, attn.query_dim, attn.inner_dim, mlp, attn.heads,
+                                qk_norm=getattr(attn, "norm_q", None) is not None))
+            continue
         if kind == "wan":
             inner = c.num_attention_heads * c.attention_head_dim
             blocks.append(Block(name, kind, params, inner, inner, c.ffn_dim, c.num_attention_heads,
@@ -187,7 +230,18 @@ def _geometry(family: str, c, vae: dict, configs: dict) -> Geometry:
         pt, ph, pw = c.patch_size
         return Geometry("wan", int(c.in_channels), int(spatial), int(temporal), (pt, ph, pw), 0, int(c.text_dim),
                         int(c.in_channels) * pt * ph * pw)
+    if family == "qwen_image":  # a Wan-style VAE (8x in space), latents packed 2x2 into tokens by the adapter
+        spatial = 2 ** len(vae.get("temperal_downsample", [False, True, True]))
+        return Geometry("qwen_image", int(c.in_channels) // 4, spatial, 1, (1, 2, 2), 0, int(c.joint_attention_dim),
+                        int(c.in_channels))
     spatial = 2 ** (len(vae.get("block_out_channels", [0, 0, 0, 0])) - 1)
+    if family == "flux2":  # the adapter's latent is the VAE's patchified 2x2 (4C channels at 1/16): a token a pixel
+        return Geometry("flux2", int(c.in_channels), 2 * spatial, 1, (1, 1, 1), 0, int(c.joint_attention_dim),
+                        int(c.in_channels))
+    if family == "z_image":  # the transformer patchifies 2x2 itself
+        p = int(c.all_patch_size[0])
+        return Geometry("z_image", int(c.in_channels), spatial, 1, (1, p, p), 0, int(c.cap_feat_dim),
+                        int(c.in_channels) * p * p)
     if family == "flux":
         p = int(c.patch_size)
         return Geometry("flux", int(c.in_channels) // 4, spatial, 1, (1, 2 * p, 2 * p), 0, int(c.joint_attention_dim),
@@ -202,12 +256,19 @@ def _geometry(family: str, c, vae: dict, configs: dict) -> Geometry:
 # ----------------------------------------------------------------------------- LoRA
 
 
-def lora_targets(model_config) -> list[str]:
+def lora_targets(model_config, arch: Optional["Architecture"] = None) -> list[str]:
     """The LoRA target suffixes a model config trains, resolved exactly as ``FlowModel._lora_targets`` does
-    (a family may replace the SD3/FLUX default targets by its own, e.g. Wan's)."""
+    (a family may replace the SD3/FLUX default targets by its own, e.g. Wan's). FLUX.2's adapter adds its
+    single-stream blocks' projections, one name per block: with ``arch`` they are named as its adapter names them."""
     from flowgrpo.models.base import FlowModel
 
-    return FlowModel._lora_targets(SimpleNamespace(config=model_config))
+    targets = FlowModel._lora_targets(SimpleNamespace(config=model_config))
+    if arch is not None and model_config.family in ("flux2", "flux2_klein"):
+        adapter = FAMILIES[model_config.family].adapter_class()
+        singles = sum(block.kind == "flux2_single" for block in arch.blocks)
+        transformer = SimpleNamespace(single_transformer_blocks=range(singles))
+        return adapter._lora_targets(SimpleNamespace(config=model_config, transformer=transformer))
+    return targets
 
 
 def is_target(name: str, targets: Sequence[str]) -> bool:
@@ -243,3 +304,38 @@ def token_counts(geometry: Geometry, model_config) -> tuple[int, int]:
     pt, ph, pw = geometry.patch
     image = (_frames(geometry, model_config) // pt) * (height // s // ph) * (width // s // pw)
     return image, model_config.max_sequence_length + geometry.text_tokens_extra
+
+
+# the families whose adapter packs the latent's 2x2 patches into tokens before the transformer call
+PACKED = ("flux", "qwen_image")
+
+
+def call_grid(geometry: Geometry, model_config, context_parallel: int = 1) -> tuple[int, int, int]:
+    """The (frames, rows, columns) of the latent one transformer call reads (FLUX's and Qwen-Image's packed token
+    grid), and with ``context_parallel`` N > 1 a rank's share: the token grid's longest axis split in N (rounded up)."""
+    height = model_config.resolution
+    width = model_config.width or model_config.resolution
+    s = geometry.vae_spatial
+    grid = [_frames(geometry, model_config), height // s, width // s]
+    patch = list(geometry.patch)
+    if geometry.family in PACKED:
+        grid = [grid[0] // patch[0], grid[1] // patch[1], grid[2] // patch[2]]
+        patch = [1, 1, 1]
+    if context_parallel > 1:
+        tokens = [g // p for g, p in zip(grid, patch)]
+        axis = max(range(3), key=lambda i: (tokens[i], i))
+        grid[axis] = -(-tokens[axis] // context_parallel) * patch[axis]
+    return grid[0], grid[1], grid[2]
+
+
+def rank_tokens(geometry: Geometry, model_config, context_parallel: int = 1) -> tuple[int, int]:
+    """(image or video tokens, text tokens) a context-parallel rank holds of one sample: the tokens of its share of
+    the grid (:func:`call_grid`); the text split too except Wan's (its ``_cp_plan`` splits the video tokens alone: the
+    text enters through cross-attention, whole on every rank)."""
+    n_img, n_txt = token_counts(geometry, model_config)
+    if context_parallel <= 1:
+        return n_img, n_txt
+    grid = call_grid(geometry, model_config, context_parallel)
+    patch = (1, 1, 1) if geometry.family in PACKED else geometry.patch
+    image = (grid[0] // patch[0]) * (grid[1] // patch[1]) * (grid[2] // patch[2])
+    return image, n_txt if geometry.family == "wan" else -(-n_txt // context_parallel)

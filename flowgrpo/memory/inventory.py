@@ -1,5 +1,12 @@
 """The activation inventory: what autograd keeps of one sample's forward for the backward, block by block.
 
+The plan counts these tensors with autograd itself where it can (saved.py: the real transformer class at real width
+on the meta device, every family); this hand inventory of SD3's, FLUX.1's and Wan's blocks stands in where that
+cannot run (an architecture without its transformer's configuration, a size the class refuses), and it agrees with
+autograd's count within 0.6 % (tests/models/test_memory_saved.py, docs/memory.md). :class:`ActivationCount` holds
+either count; gradient checkpointing's peak and the estimates beside the saved tensors (the backward's transient
+gradients, the rollout's no-grad working memory, the context-parallel buffers) are here.
+
 A, one sample's activations, is an inventory of the tensors autograd saves for the backward, block by block.
 For a stream of n tokens of width D: a LayerNorm keeps its input (n·D); the AdaLN modulation x·(1 + scale)
 keeps x when the scale trains (full fine-tuning); a Linear keeps its input when its weight trains, or when it
@@ -12,10 +19,11 @@ except in SD3's joint attention (its q is concatenated heads-first: one more cop
 tensor when it trains. Tokens are image tokens + text tokens in the joint (MM-DiT) attention of SD3 and FLUX;
 Wan has f·(h/2)·(w/2) video tokens with cross-attention to the text. With LoRA nothing before the first
 block trains, so that block keeps neither its inputs' norms nor SD3.5's un-adapted second attention.
-Per-token statistics (norm means, RMS factors, the attention's log-sum-exp) are left out: ~2 % of a block.
-With gradient checkpointing the block inputs are kept and each block's tensors exist only while it is
-recomputed; the backward frees a block's inputs once it is done, so the peak is max over k of (inputs of
-blocks 0..k + block k's tensors). A adds the backward's transient gradients: the MLP hidden's and the
+Per-token statistics (norm means, RMS factors, the attention's log-sum-exp) are left out: ~2 % of a block at the
+tiny tests' widths, under 0.6 % at real width. With gradient checkpointing the block inputs are kept and each block's
+tensors exist only while it is recomputed (a first norm that reads the kept input itself, SD3's and FLUX's streams,
+Wan's in float32, saves that same storage: counted once); the backward frees a block's inputs once it is done, so the
+peak is max over k of (inputs of blocks 0..k + block k's tensors). A adds the backward's transient gradients: the MLP hidden's and the
 block output's, n·(M + D)·b.
 
 Checked: tests/models/test_memory.py measures what autograd saves in tiny models of the same classes on the
@@ -67,8 +75,8 @@ class _Rules:
     def up(self) -> int:  # a float32 copy the code makes of a tensor: free (the tensor itself) when already float32
         return 0 if self.b == 4 else 4
 
-    def norm_input(self, what, n, width, nbytes=None) -> list[Saved]:
-        return [Saved(f"{what} input", n * width, nbytes or self.b)]
+    def norm_input(self, what, n, width, nbytes=None, shared="") -> list[Saved]:
+        return [Saved(f"{what} input", n * width, nbytes or self.b, shared)]
 
     def modulated(self, what, n, width, nbytes=None) -> list[Saved]:
         """x·(1 + scale) + shift: x is kept for the scale's gradient when the scale is trained."""
@@ -134,7 +142,10 @@ def _joint_block(block: Block, n_img: int, n_txt: int, r: _Rules) -> list[Saved]
                ("text", n_txt, "norm1_context", ("add_q_proj", "add_k_proj", "add_v_proj"),
                 ("norm_added_q", "norm_added_k"), "to_add_out", "norm2_context", "ff_context"))
     for stream, n, norm1, qkv, _, _, norm2, ff in streams:
-        out += (r.norm_input(f"{stream} {norm1}", n, D) if r.grad_in else []) + r.modulated(f"{stream} {norm1}", n, D)
+        # the stream's first norm reads the block's input itself: the tensor gradient checkpointing keeps (one storage)
+        kept = f"{block.name} {stream} input"
+        out += (r.norm_input(f"{stream} {norm1}", n, D, shared=kept) if r.grad_in else [])
+        out += r.modulated(f"{stream} {norm1}", n, D)
         out += r.linears(f"{stream} q/k/v", [p + "attn." + q for q in qkv], n, D)
         out += r.qk_norms(block, stream, n, n, inner)
         if stream == "text" and block.context_pre_only:
@@ -181,7 +192,10 @@ def _wan_block(block: Block, n: int, n_txt: int, r: _Rules) -> list[Saved]:
     """Wan's block: self-attention over the video tokens, cross-attention to the text, FFN; its norms and
     modulations run in float32 (FP32LayerNorm, ``hidden_states.float()``)."""
     p, D, inner, M = block.name + ".", block.dim, block.inner, block.mlp
-    out = (r.norm_input("norm1 (float32)", n, D, 4) if r.grad_in else []) + r.modulated("norm1 (float32)", n, D, 4)
+    # norm1 reads hidden_states.float(): in a float32 model the block's input itself (what checkpointing keeps)
+    kept = f"{block.name} input" if r.b == 4 else ""
+    out = (r.norm_input("norm1 (float32)", n, D, 4, shared=kept) if r.grad_in else [])
+    out += r.modulated("norm1 (float32)", n, D, 4)
     out += r.linears("attn1 q/k/v", [p + "attn1." + q for q in ("to_q", "to_k", "to_v")], n, D)
     out += r.qk_norms(block, "attn1", n, n, inner)
     out += r.attention("attn1", n, n, inner)
@@ -207,7 +221,11 @@ def block_inputs(block: Block, n_img: int, n_txt: int, b: int) -> list[Saved]:
     """What gradient checkpointing keeps of a block: its inputs (the residual streams; Wan's one text tensor is read
     by every block)."""
     if block.kind == "wan":
-        return [Saved("block input", n_img * block.dim, b), Saved("text states", n_txt * block.dim, b, "wan text states")]
+        return [Saved("block input", n_img * block.dim, b, f"{block.name} input"),
+                Saved("text states", n_txt * block.dim, b, "wan text states")]
+    if block.kind == "joint":  # two streams, each read by its first norm (the same storage: counted once)
+        return [Saved("block image input", n_img * block.dim, b, f"{block.name} image input"),
+                Saved("block text input", n_txt * block.dim, b, f"{block.name} text input")]
     return [Saved("block input", (n_img + n_txt) * block.dim, b)]
 
 
@@ -245,60 +263,128 @@ def _total(saved: Sequence[Saved], seen: Optional[set] = None) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class ActivationCount:
+    """One sample's saved tensors, however they were counted: the hand inventory below, or autograd's own
+    (saved.py, ``source="autograd"``). A :class:`Saved` with a ``shared`` key is one storage wherever it appears."""
+
+    head: tuple[Saved, ...]  # outside the blocks: embeddings, rotary tables, output layers
+    blocks: tuple[tuple[Saved, ...], ...]  # each block's tensors, in the order the blocks run
+    inputs: tuple[tuple[Saved, ...], ...]  # each block's inputs: what gradient checkpointing keeps of it
+    tokens: tuple[int, int] = (0, 0)  # (image or video tokens, text tokens) the count was made at
+    source: str = "inventory"  # "inventory" (read off the architecture) | "autograd" (saved_tensors_hooks on meta)
+    names: tuple[str, ...] = ()  # the blocks, in the order they run (autograd's count)
+    ran: tuple[str, ...] = ()  # the blocks autograd's count ran; each other block is counted as the one it stands for
+    note: str = ""  # why autograd's count did not run, where this is the hand inventory standing in
+
+    def total(self, checkpointing: bool) -> int:
+        """Bytes kept for one forward + backward: every saved tensor, or with gradient checkpointing the kept block
+        inputs and the largest recomputed block at the moment it is recomputed (the backward frees a block's inputs
+        once it is done: max over k of the inputs of blocks 0..k + block k's tensors)."""
+        if not checkpointing:
+            return _total(list(self.head) + [s for block in self.blocks for s in block])
+        seen: set = set()
+        kept = _total(self.head, seen)
+        best = 0
+        for inputs, internals in zip(self.inputs, self.blocks):
+            kept += _total(inputs, seen)
+            best = max(best, kept + _total(internals, set(seen)))
+        return max(best, kept)
+
+    def largest_block(self) -> int:
+        """The largest block's own saved tensors: what one block's forward keeps (the working set of a forward
+        whose saved tensors go to host memory, brought back block by block in the backward)."""
+        return max((_total(block) for block in self.blocks), default=0)
+
+    def by_dtype(self) -> dict[str, int]:
+        """Bytes of the distinct saved tensors by dtype (checkpointing aside)."""
+        names = {4: "float32", 2: "bfloat16", 1: "8-bit", 8: "complex64"}
+        seen: set = set()
+        out: dict[str, int] = {}
+        for s in [*self.head, *(x for block in self.blocks for x in block)]:
+            if s.shared:
+                if s.shared in seen:
+                    continue
+                seen.add(s.shared)
+            first = s.what.split(" ")[0]
+            dtype = first if self.source == "autograd" else names.get(s.bytes_per, f"{s.bytes_per}-byte")
+            out[dtype] = out.get(dtype, 0) + s.bytes
+        return out
+
+
 def activation_inventory(arch: Architecture, model_config, full: bool, targets: Sequence[str],
-                         fused_rms_norm: bool = True) -> tuple[list[Saved], list[list[Saved]]]:
+                         fused_rms_norm: bool = True, tokens: Optional[tuple[int, int]] = None
+                         ) -> tuple[list[Saved], list[list[Saved]]]:
     """(head, [per-block]) saved tensors of one sample's forward for the backward. ``fused_rms_norm``: whether
-    ``torch.nn.RMSNorm`` runs its fused kernel (CUDA, what the plan is for) or the CPU's composite."""
+    ``torch.nn.RMSNorm`` runs its fused kernel (CUDA, what the plan is for) or the CPU's composite; ``tokens``:
+    (image, text) tokens instead of the model config's (a context-parallel rank's share)."""
     b = DTYPE_BYTES[model_config.dtype]
     rules = _Rules(b, full, model_config.lora_rank, lambda name: is_target(name, targets), fused_rms=fused_rms_norm)
-    n_img, n_txt = token_counts(arch.geometry, model_config)
+    n_img, n_txt = tokens or token_counts(arch.geometry, model_config)
     first = rules if full else replace(rules, grad_in=False)  # LoRA: nothing before the first block trains
     blocks = [BLOCK_INVENTORIES[block.kind](block, n_img, n_txt, first if i == 0 else rules)
               for i, block in enumerate(arch.blocks)]
     return head_inventory(arch, n_img, n_txt, rules), blocks
 
 
-def activation_bytes(arch: Architecture, model_config, full: bool, targets: Sequence[str], checkpointing: bool,
-                     fused_rms_norm: bool = True) -> int:
-    """Bytes autograd keeps for one sample's forward + backward of the transformer: every saved tensor, or with
-    gradient checkpointing the kept block inputs and the largest recomputed block at the moment it is recomputed
-    (the backward frees a block's inputs once it is done: max over k of the inputs of blocks 0..k + block k's)."""
-    head, blocks = activation_inventory(arch, model_config, full, targets, fused_rms_norm)
-    if not checkpointing:
-        return _total(head + [s for block in blocks for s in block])
+def inventory_count(arch: Architecture, model_config, full: bool, targets: Sequence[str], fused_rms_norm: bool = True,
+                    tokens: Optional[tuple[int, int]] = None) -> ActivationCount:
+    """The hand inventory as an :class:`ActivationCount` (the blocks' inputs: :func:`block_inputs`)."""
+    head, blocks = activation_inventory(arch, model_config, full, targets, fused_rms_norm, tokens)
     b = DTYPE_BYTES[model_config.dtype]
-    n_img, n_txt = token_counts(arch.geometry, model_config)
-    seen: set = set()
-    kept = _total(head, seen)
-    best = 0
-    for block, internals in zip(arch.blocks, blocks):
-        kept += _total(block_inputs(block, n_img, n_txt, b), seen)
-        best = max(best, kept + _total(internals, set(seen)))
-    return max(best, kept)
+    n_img, n_txt = tokens or token_counts(arch.geometry, model_config)
+    inputs = tuple(tuple(block_inputs(block, n_img, n_txt, b)) for block in arch.blocks)
+    return ActivationCount(tuple(head), tuple(tuple(x) for x in blocks), inputs, (n_img, n_txt), "inventory")
 
 
-def backward_transient_bytes(arch: Architecture, model_config) -> int:
+def has_inventory(arch: Architecture) -> bool:
+    """Whether the hand inventory knows every block of ``arch`` (SD3's, FLUX.1's and Wan's blocks)."""
+    return bool(arch.blocks) and all(block.kind in BLOCK_INVENTORIES for block in arch.blocks) and \
+        arch.geometry.family in ("sd3", "flux", "wan")
+
+
+def activation_bytes(arch: Architecture, model_config, full: bool, targets: Sequence[str], checkpointing: bool,
+                     fused_rms_norm: bool = True, tokens: Optional[tuple[int, int]] = None) -> int:
+    """Bytes autograd keeps for one sample's forward + backward of the transformer, by the hand inventory: every
+    saved tensor, or with gradient checkpointing the kept block inputs and the largest recomputed block at the moment
+    it is recomputed (:meth:`ActivationCount.total`)."""
+    return inventory_count(arch, model_config, full, targets, fused_rms_norm, tokens).total(checkpointing)
+
+
+def _tokens_in_blocks(arch: Architecture, tokens: tuple[int, int]) -> int:
+    """Tokens of a block's residual stream: Wan's text is not in it (cross-attention); the others' is."""
+    n_img, n_txt = tokens
+    return n_img if arch.geometry.family == "wan" else n_img + n_txt
+
+
+def backward_transient_bytes(arch: Architecture, model_config, tokens: Optional[tuple[int, int]] = None) -> int:
     """Gradients that exist beside the saved tensors while a block runs its backward (an estimate): the gradient
     of its feed-forward hidden and of its output, for the largest block."""
     b = DTYPE_BYTES[model_config.dtype]
-    n_img, n_txt = token_counts(arch.geometry, model_config)
-    tokens = n_img if arch.geometry.family == "wan" else n_img + n_txt
-    return max((tokens * (blk.mlp + blk.dim) * b for blk in arch.blocks), default=0)
+    n = _tokens_in_blocks(arch, tokens or token_counts(arch.geometry, model_config))
+    return max((n * (blk.mlp + blk.dim) * b for blk in arch.blocks), default=0)
 
 
 def training_activation_bytes(arch: Architecture, model_config, full: bool, targets: Sequence[str],
                               checkpointing: bool) -> int:
-    """One sample's activation memory at the peak of a training forward + backward: the saved tensors
-    (:func:`activation_bytes`) and the backward's transient gradients."""
+    """One sample's activation memory at the peak of a training forward + backward by the hand inventory: the saved
+    tensors (:func:`activation_bytes`) and the backward's transient gradients."""
     return (activation_bytes(arch, model_config, full, targets, checkpointing)
             + backward_transient_bytes(arch, model_config))
 
 
-def rollout_forward_bytes(arch: Architecture, model_config) -> int:
+def rollout_forward_bytes(arch: Architecture, model_config, tokens: Optional[tuple[int, int]] = None) -> int:
     """Working memory of one sample's no-grad transformer call (an estimate: the residual stream, a normalised
     copy and the feed-forward's hidden twice, as the largest block holds them at once)."""
     b = DTYPE_BYTES[model_config.dtype]
-    n_img, n_txt = token_counts(arch.geometry, model_config)
-    tokens = n_img if arch.geometry.family == "wan" else n_img + n_txt  # Wan's text is not in the residual stream
+    n = _tokens_in_blocks(arch, tokens or token_counts(arch.geometry, model_config))
     width = max((3 * blk.dim + 2 * blk.mlp for blk in arch.blocks), default=0)
-    return tokens * width * b
+    return n * width * b
+
+
+def attention_bytes(arch: Architecture, model_config, tokens: Optional[tuple[int, int]] = None) -> int:
+    """One block's attention tensors, q, k, v and output over its self-attention's tokens (the largest block): what
+    Ulysses context parallelism's all-to-alls hold in flight beside a block."""
+    b = DTYPE_BYTES[model_config.dtype]
+    n = _tokens_in_blocks(arch, tokens or token_counts(arch.geometry, model_config))
+    return max((4 * n * blk.inner * b for blk in arch.blocks), default=0)

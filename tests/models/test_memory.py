@@ -221,12 +221,21 @@ def _model(family: str, finetune: str, dtype: str):
     return architecture_from_configs(family, {"transformer": transformer, "vae": vae}), cfg, targets, model
 
 
-def _saved(model, kwargs, checkpointing: bool = False) -> dict[str, int]:
+def _saved(model, kwargs, checkpointing: bool = False, without_inputs: bool = False) -> dict[str, int]:
     """Bytes of the distinct storages autograd saves in one forward (parameters and buffers excluded), by the block
-    that saved them ("rest" outside the blocks). With checkpointing, the inputs a checkpoint keeps go to its block."""
+    that saved them ("rest" outside the blocks). With checkpointing, the inputs a checkpoint keeps go to its block.
+    ``without_inputs``: a block's own input tensors left out of what it saves (in a checkpointed backward they are
+    the inputs the checkpoint kept: one storage, counted with those)."""
     names = {m: n for n, m in model.named_modules() if n.count(".") == 1 and n.split(".")[0] in BLOCKS}
     stack = ["rest"]
-    hooks = [m.register_forward_pre_hook(lambda m, a: stack.append(names[m])) for m in names]
+    block_inputs: dict[str, set] = {}
+
+    def enter(module, args, kwargs_):
+        stack.append(names[module])
+        block_inputs[names[module]] = {t.untyped_storage().data_ptr() for t in [*args, *kwargs_.values()]
+                                       if isinstance(t, torch.Tensor)}
+
+    hooks = [m.register_forward_pre_hook(enter, with_kwargs=True) for m in names]
     hooks += [m.register_forward_hook(lambda m, a, o: stack.pop() and None) for m in names]
     if checkpointing:
         model.enable_gradient_checkpointing()
@@ -245,6 +254,8 @@ def _saved(model, kwargs, checkpointing: bool = False) -> dict[str, int]:
 
     def pack(t):
         ptr = t.untyped_storage().data_ptr()
+        if without_inputs and ptr in block_inputs.get(stack[-1], ()):
+            return t.detach()
         if ptr not in skip and ptr not in seen:
             seen[ptr] = (stack[-1], t.untyped_storage().nbytes())
         return t.detach()  # the storage without its graph (keeping ``t`` would keep the graph alive)
@@ -289,7 +300,7 @@ def test_checkpointed_activations_match(family, finetune):
     of blocks 0..k + block k's tensors + what lies outside the blocks, matches the plan's."""
     arch, cfg, targets, model = _model(family, finetune, "float32")
     kwargs = _inputs(family, torch.float32)
-    internals = _saved(model, kwargs)
+    internals = _saved(model, kwargs, without_inputs=True)  # a recomputed block reads the kept inputs themselves
     kept = _saved(model, kwargs, checkpointing=True)
     names = [b.name for b in arch.blocks]
     peak = max(sum(kept.get(n, 0) for n in names[: k + 1]) + internals[names[k]] for k in range(len(names)))
@@ -354,7 +365,7 @@ def test_published_transformer_sizes(model, published):
     assert abs(transformer.params + transformer.buffers - published) / published < 0.03, transformer
 
 
-# ----------------------------------------------------------------------------- two experts, families without a plan
+# ----------------------------------------------------------------------------- two experts, the analytic world
 
 
 def test_two_experts_hold_two_transformers_and_train_what_the_config_says():
@@ -382,8 +393,12 @@ def test_two_experts_hold_two_transformers_and_train_what_the_config_says():
     assert "2 experts' weights (2 trained)" in format_plan(both)
 
 
-def test_plan_names_the_benchmark_for_a_family_it_has_no_inventory_for(capsys):
+def test_plan_refuses_the_analytic_world_in_one_line(capsys):
+    """Every family with a pipeline is planned (tests/models/test_memory_saved.py); the analytic world has no
+    architecture, and says so in one line naming the families that have one."""
     from flowgrpo.cli.tools import UserExit, main
 
-    with pytest.raises(UserExit, match=r"'qwen_image' family.*python benchmarks/bench_memory.py --model qwen_image"):
-        main(["plan", "--model", "qwen_image"])
+    with pytest.raises(UserExit, match=r"'analytic' family, which has no architecture to plan; flowgrpo plan covers "
+                                       r"the .*qwen_image.*z_image families"):
+        main(["plan", "--model", "analytic"])
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
