@@ -9,6 +9,12 @@ ODE groups use the step's solver (DPM-Solver++(2M) gets every node's previous x�
 included; SA-Solver the previous two, and its noise comes from the node's step-noise stream); SDE groups draw x' = μ + s·ε, round it to the storage dtype, and — if the step is trained —
 score the stored x' with ``log_prob`` (ratio == 1 contract). Only trained transitions are stored.
 
+``latent_storage`` says what the record keeps of its latents (trajectory.LATENT_STORAGE): ``bfloat16`` rounds the
+states of the trained steps to bfloat16 in the walk itself (a trained step's x before its velocity call, its x'
+before it is scored), so the stored, rounded states are exactly those the log-probs were computed from and the
+learner's recompute gives ρ = 1; untrained steps walk in the rollout's dtype. ``host`` moves each stored step to
+host memory as soon as it is scored (pinned where the rollout runs on CUDA): the same numbers, off the device.
+
 Determinism: initial noise, step noise and DanceGRPO's training subsets each come from their own
 ``torch.Generator`` seeded by (stream, run seed, iteration, global prompt id, node id) (grids.py), so
 a trajectory does not depend on the batch composition, the chunk size, or how prompts are split
@@ -35,7 +41,7 @@ from samplers.grids import (
 from samplers.kernels import KERNEL_NAMES, LOG_PROB_FORMS, column, compute_dtype, get_kernel, log_prob
 from samplers.plans import Plan
 from samplers.solvers import Velocity, call_velocity, data_prediction, ode_step, sa_predictor_coefficients, sa_solver_step
-from samplers.trajectory import Endpoints, NFECounter, Trajectory
+from samplers.trajectory import LATENT_STORAGE, Endpoints, NFECounter, Trajectory
 from samplers.tree import EdgeGroup, template_for
 
 _RECORD_FIELDS = (
@@ -55,7 +61,7 @@ class _Run:
 
     def __init__(self, velocity, plan, prompt_ids, latent_shape, seed, iteration=0, cond_index=None,
                  dtype=torch.float32, device=None, max_batch=None, store_mean=False, reduce="mean", keep_record=True,
-                 log_prob_form="gaussian"):
+                 log_prob_form="gaussian", latent_storage="float32"):
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a samplers.Plan, got {type(plan).__name__}")
         if not dtype.is_floating_point:
@@ -82,6 +88,12 @@ class _Run:
         self.max_batch, self.store_mean, self.reduce = max_batch, store_mean, reduce
         self.log_prob_form = log_prob_form
         self.keep_record = keep_record
+        if latent_storage not in LATENT_STORAGE:
+            raise ValueError(f"latent_storage must be one of {LATENT_STORAGE}, got {latent_storage!r}")
+        # bfloat16 storage: the trained steps' states are rounded to it in the walk (none to round if already bf16)
+        self.rounded = torch.bfloat16 if latent_storage == "bfloat16" and dtype != torch.bfloat16 else None
+        self.host = latent_storage == "host"  # (a CPU rollout's states are in host memory already)
+        self.pinned = self.host and self.device.type == "cuda"
         self.sig = [float(s) for s in plan.sigmas.to(torch.float32)]
         self.nfe = NFECounter()
         self.rows: dict[str, list] = {k: [] for k in _RECORD_FIELDS}
@@ -199,9 +211,12 @@ class _Run:
         mean, std = get_kernel(eg.kernel)(xs, vs, sigma, sigma_next, eg.eta)
         noise = self.step_noise(eg, self.tpl.levels[i].node_id.tolist(), gens)
         drawn = mean.unsqueeze(1) + column(std, mean).unsqueeze(1) * noise
+        trained = self.keep_record and eg.trained
+        if trained and self.rounded is not None:  # x' as the record keeps it, and so as it is scored and walked on
+            drawn = drawn.to(self.rounded)
         stored = drawn.to(self.dtype).flatten(0, 1)  # [P·E·F, *latent], x' in its storage dtype
         x_next = self.place(x_next, rows, stored)
-        if not (self.keep_record and eg.trained):
+        if not trained:
             return x_next
         F = eg.fanout
         per_child = (lambda t: t) if F == 1 else (lambda t: t.repeat_interleave(F, 0))  # noqa: E731
@@ -223,6 +238,8 @@ class _Run:
         if m == 0:  # DanceGRPO: no root trains this step
             return x_next
         cols["log_prob"] = log_prob(cols["next_state"], mean_rows, std_rows, self.reduce, self.log_prob_form)
+        for k in ("state", "next_state", "mean"):  # scored: now kept as latent_storage says
+            cols[k] = self.kept(cols[k], rounded=k != "mean")
         full = lambda value, dt: torch.full((m,), value, dtype=dt, device=self.device)  # noqa: E731
         cols.update(
             sigma=full(sigma, torch.float32),
@@ -235,6 +252,19 @@ class _Run:
         for k, c in cols.items():
             self.rows[k].append(c)
         return x_next
+
+    def kept(self, t, rounded: bool = True):
+        """A latent tensor as the record keeps it: in bfloat16 (``rounded``: states, which the walk has already
+        rounded where they are stored, so nothing changes but the bytes), in host memory, or as it is."""
+        if t is None:
+            return None
+        if rounded and self.rounded is not None:
+            t = t.to(self.rounded)
+        return t.cpu() if self.host else t
+
+    def trains(self, i: int) -> bool:
+        """Whether step i stores a transition (a trained edge group): its level is then rounded for bfloat16 storage."""
+        return self.keep_record and any(eg.trained for eg in self.tpl.edges[i])
 
     def place(self, x_next, rows, values):
         """Write a group's children into the next level ([P·n_{i+1}, *latent]; None until first use)."""
@@ -255,6 +285,8 @@ class _Run:
                 level, nxt = tpl.levels[i], tpl.levels[i + 1]
                 n = len(level.node_id)
                 cond_rows = self.cond.repeat_interleave(n)
+                if self.rounded is not None and self.trains(i):  # the stored x, exactly as the velocity sees it
+                    x = x.to(self.rounded).to(self.dtype)
                 v = call_velocity(self.velocity, x, self.sig[i], cond_rows, self.max_batch)
                 for category, count in level.category.items():
                     self.nfe.add(category, count * P)
@@ -297,35 +329,42 @@ class _Run:
             dest[order] = positions
             cols = {}
             for k, chunks in self.rows.items():
-                if chunks[0] is None or in_order:
-                    cols[k] = None if chunks[0] is None else torch.cat(chunks)
+                if chunks[0] is None:
+                    cols[k] = None
                     continue
-                out = chunks[0].new_empty((len(keys),) + tuple(chunks[0].shape[1:]))
-                start = 0
+                # host storage: the latents are assembled straight into (pinned, on CUDA) host memory
+                pin = self.pinned and chunks[0].device.type == "cpu"
+                out = torch.empty((len(keys),) + tuple(chunks[0].shape[1:]), dtype=chunks[0].dtype,
+                                  device=chunks[0].device, pin_memory=pin)
+                if in_order:
+                    cols[k] = torch.cat(chunks, out=out)
+                    continue
+                start, where = 0, dest.to(out.device)
                 for chunk in chunks:
-                    out.index_copy_(0, dest[start : start + len(chunk)], chunk)
+                    out.index_copy_(0, where[start : start + len(chunk)], chunk)
                     start += len(chunk)
                 cols[k] = out
         else:  # nothing trained (e.g. an evaluation plan): empty, correctly shaped tensors
             empty = lambda dt, *shape: torch.empty((0,) + shape, dtype=dt, device=self.device)  # noqa: E731
             cols = {k: empty(torch.long) for k in _RECORD_FIELDS}
-            cols.update(state=empty(self.dtype, *self.latent), next_state=empty(self.dtype, *self.latent),
+            cols.update(state=self.kept(empty(self.dtype, *self.latent)),
+                        next_state=self.kept(empty(self.dtype, *self.latent)),
                         log_prob=empty(self.cdtype), sigma=empty(torch.float32),
                         sigma_next=empty(torch.float32), eta=empty(torch.float32),
                         loss_weight=empty(torch.float32),
-                        mean=empty(self.cdtype, *self.latent) if self.store_mean else None)
+                        mean=self.kept(empty(self.cdtype, *self.latent), rounded=False) if self.store_mean else None)
         prompt, node, group, root = self.leaves()
         return Trajectory(
             sigmas=self.plan.sigmas.clone(),
             reduce=self.reduce,
             log_prob_form=self.log_prob_form,
             cond_index=self.cond[cols["prompt"]],
-            leaf_state=final,
+            leaf_state=self.kept_whole(final),
             leaf_prompt=prompt,
             leaf_node=node,
             leaf_group=group,
             leaf_root=root,
-            root_state=roots,
+            root_state=self.kept_whole(roots),
             node_parent=tpl.node_parent.clone(),
             node_depth=tpl.node_depth.clone(),
             node_group=tpl.node_group.clone(),
@@ -333,8 +372,17 @@ class _Run:
             prompt_cond=self.cond.clone(),
             groups_per_prompt=tpl.groups_per_prompt,
             nfe=self.nfe.as_dict(),
+            latent_device=self.device,
+            latent_dtype=self.dtype,
             **cols,
         )
+
+    def kept_whole(self, t):
+        """Roots and leaves as the record keeps them (``kept``), copied straight into pinned host memory where the
+        rollout ran on CUDA."""
+        if not self.pinned:
+            return self.kept(t)
+        return torch.empty(t.shape, dtype=self.rounded or t.dtype, pin_memory=True).copy_(t)
 
 
 def _run(velocity, plan, keep_record, nfe, **kwargs):
@@ -363,6 +411,7 @@ def rollout(
     log_prob_form: str = "gaussian",
     nfe: NFECounter | None = None,
     transitions: bool = True,
+    latent_storage: str = "float32",
 ) -> Trajectory:
     """Run ``plan`` for prompts ``prompt_ids`` [P] (their global indices: a seed part) and return the
     trajectory record. ``velocity(x [N, *latent], sigma [N] float32, cond_index [N] long)`` gets
@@ -370,11 +419,15 @@ def rollout(
     ``store_mean`` keeps μ_old per trained transition; ``nfe`` (optional) accumulates forwards; ``reduce`` and
     ``log_prob_form`` say how the stored log-probs are scored (``samplers.kernels.log_prob``).
     ``transitions=False`` stores no transitions (M = 0) but the same leaves, tree and draws: what a
-    learner that trains on the clean samples alone needs (forward-process learners)."""
+    learner that trains on the clean samples alone needs (forward-process learners). ``latent_storage``
+    (trajectory.LATENT_STORAGE) says what the record keeps of its latents: float32 (as computed, in ``dtype``),
+    bfloat16 (the trained steps' states rounded in the walk, then stored rounded) or host (host memory); read them
+    back with ``Trajectory.latents``."""
     run, roots, final = _run(
         velocity, plan, transitions, nfe, prompt_ids=prompt_ids, latent_shape=latent_shape, seed=seed,
         iteration=iteration, cond_index=cond_index, dtype=dtype, device=device,
         max_batch=max_batch, store_mean=store_mean, reduce=reduce, log_prob_form=log_prob_form,
+        latent_storage=latent_storage,
     )
     return run.records(roots, final)
 

@@ -5,6 +5,10 @@ rewards score, and the per-prompt tree (parent, depth, group of every node; iden
 prompt of the batch). Rows of transitions and leaves are sorted by (prompt, node id), so the record
 of a batch is the concatenation of the records of its prompts, whatever the batch split.
 
+The record's latents (``LATENT_FIELDS``) may be kept in another dtype or place than the rollout computed them in
+(``latent_storage``: bfloat16, or host memory); every reader takes them through ``Trajectory.latents``, which hands
+them back where and as the rollout computed them (``latent_device``, ``latent_dtype``).
+
 ``score_transitions`` recomputes the log-probs of stored transitions with a velocity callable and the
 very kernel and log-prob functions the rollout used (ratio == 1 contract; the learner's recompute
 does the same with gradients). ``node_values`` turns leaf rewards into BranchGRPO's node values
@@ -56,6 +60,13 @@ class NFECounter:
         return f"NFECounter({self.as_dict()})"
 
 
+# what a rollout record may keep of its latents: float32 (as sampled, in the rollout's dtype) | bfloat16 (the trained
+# steps' states rounded in the walk itself, so their log-probs are those of the stored states) | host (CPU memory,
+# pinned where the rollout ran on CUDA; the same numbers)
+LATENT_STORAGE = ("float32", "bfloat16", "host")
+# the record's [rows, *latent] fields: the states, μ_old, the leaves and the roots
+LATENT_FIELDS = ("state", "next_state", "mean", "leaf_state", "root_state")
+
 # the record's integer bookkeeping: which prompt, node, group and kernel each row belongs to
 _INDEX_FIELDS = ("kernel", "step", "prompt", "cond_index", "parent", "node", "group", "leaf_prompt", "leaf_node",
                  "leaf_group", "leaf_root", "node_parent", "node_depth", "node_group", "prompt_ids", "prompt_cond")
@@ -102,6 +113,32 @@ class Trajectory:
     groups_per_prompt: int
     nfe: dict  # category -> per-sample forwards of this rollout
     log_prob_form: str = "gaussian"  # samplers.kernels.LOG_PROB_FORMS: how log_prob was scored
+    # where and in what dtype the rollout computed its states (None: as stored); the latents may be stored otherwise
+    latent_device: torch.device | None = None
+    latent_dtype: torch.dtype | None = None
+
+    def latents(self, name: str, rows=None) -> torch.Tensor | None:
+        """A latent field (``LATENT_FIELDS``: state, next_state, mean, leaf_state, root_state), rows ``rows``
+        (an index, a slice or an index tensor; default all), where and as the rollout computed it: on
+        ``latent_device``, the states in ``latent_dtype`` (μ_old keeps its compute dtype). Every reader of the
+        record's latents goes through here, so a record stored in bfloat16 or in host memory reads back as the
+        likelihood math needs it (None for μ_old when the rollout did not keep it)."""
+        if name not in LATENT_FIELDS:
+            raise ValueError(f"{name!r} is not a latent field of the record; use one of {LATENT_FIELDS}")
+        stored = getattr(self, name)
+        if stored is None:
+            return None
+        if rows is not None:
+            if isinstance(rows, torch.Tensor) and rows.device != stored.device:
+                rows = rows.to(stored.device)
+            stored = stored[rows]
+        dtype = stored.dtype if name == "mean" or self.latent_dtype is None else self.latent_dtype
+        device = stored.device if self.latent_device is None else self.latent_device
+        return stored.to(device=device, dtype=dtype, non_blocking=stored.is_pinned())
+
+    def latent_bytes(self) -> int:
+        """Bytes the record's latents (LATENT_FIELDS) hold, wherever they are stored."""
+        return sum(t.numel() * t.element_size() for t in (getattr(self, f) for f in LATENT_FIELDS) if t is not None)
 
     @property
     def num_transitions(self) -> int:
@@ -183,7 +220,7 @@ def score_transitions(
     unchanged velocity reproduces ``record.log_prob`` exactly (the ratio == 1 contract)."""
     rows = torch.arange(record.num_transitions) if rows is None else torch.as_tensor(rows)
     rows = rows.to(record.log_prob.device)
-    x = record.state[rows]
+    x = record.latents("state", rows)
     sigma, cond = record.sigma[rows], record.cond_index[rows]
     step = max(1, x.shape[0] if not max_batch else max_batch)
     chunks = [
@@ -193,15 +230,15 @@ def score_transitions(
     dtype = compute_dtype(x.dtype)
     lp = torch.empty(len(rows), dtype=dtype, device=x.device)
     mean = torch.empty(x.shape, dtype=dtype, device=x.device)
-    kernels = record.kernel[rows]
+    kernels, x_next = record.kernel[rows], record.latents("next_state", rows)
     for k in kernels.unique().tolist():
         sel = (kernels == k).nonzero().squeeze(1)
         mu, std = get_kernel(KERNEL_NAMES[k])(
             x[sel], v[sel], sigma[sel], record.sigma_next[rows][sel], record.eta[rows][sel]
         )
         mean[sel] = mu
-        lp[sel] = log_prob(record.next_state[rows][sel], mu, std, reduce or record.reduce, record.log_prob_form)
+        lp[sel] = log_prob(x_next[sel], mu, std, reduce or record.reduce, record.log_prob_form)
     return lp, mean
 
 
-__all__ = ["Endpoints", "NFECounter", "NFE_KINDS", "Trajectory", "score_transitions"]
+__all__ = ["Endpoints", "LATENT_FIELDS", "LATENT_STORAGE", "NFECounter", "NFE_KINDS", "Trajectory", "score_transitions"]

@@ -288,7 +288,7 @@ def ours(cfg, model, cond, iteration: int = 0):
                 model.integer_timesteps(cfg.sampling.integer_timesteps):
             record = samplers.rollout(
                 velocity, plan, prompt_ids=[0], latent_shape=model.latent_shape(), seed=cfg.train.seed,
-                iteration=iteration, dtype=model.dtype, device=model.device, max_batch=cfg.sampling.max_batch,
+                iteration=iteration, dtype=model.dtype, device=model.device, max_batch=cfg.sampling.chunk or None,
                 reduce=cfg.sampling.reduce, log_prob_form=cfg.sampling.log_prob)
     finally:
         torch.randperm = randperm

@@ -158,7 +158,7 @@ def ours(cfg, model, plan, iteration: int, cond) -> dict:
     with recorded_step_noise() as draws, model.integer_timesteps(cfg.sampling.integer_timesteps):
         rec = samplers.rollout(recording, plan, prompt_ids=list(range(len(PROMPTS))), latent_shape=model.latent_shape(),
                                seed=cfg.train.seed, iteration=iteration, dtype=model.dtype, device=model.device,
-                               max_batch=cfg.sampling.max_batch, reduce=cfg.sampling.reduce,
+                               max_batch=cfg.sampling.chunk or None, reduce=cfg.sampling.reduce,
                                log_prob_form=cfg.sampling.log_prob)
     order = torch.argsort(rec.leaf_root)  # leaves in root order (chains: one leaf a root)
     if len(inputs) != len(plan.steps) or not torch.equal(inputs[0][0], rec.root_state):

@@ -78,6 +78,18 @@ def validate(cfg: Config) -> None:
     if cfg.model.compile and cfg.model.family == "analytic":
         raise ConfigError("model.compile compiles the blocks of a diffusers transformer; the analytic world's network has "
                           "none: set model.compile=false")
+    if cfg.train.context_parallel > 1 and cfg.model.family == "analytic":
+        raise ConfigError("train.context_parallel splits a diffusers transformer's token sequence; the analytic world's "
+                          "samples are vectors: set train.context_parallel=1")
+    if cfg.train.context_parallel % cfg.train.context_parallel_ring:
+        raise ConfigError(f"train.context_parallel_ring={cfg.train.context_parallel_ring} must divide "
+                          f"train.context_parallel={cfg.train.context_parallel} (a context group is ring x ulysses "
+                          "processes)")
+    if cfg.train.context_parallel_ring > 1 and cfg.model.attention_backend == "native":
+        raise ConfigError(f"train.context_parallel_ring={cfg.train.context_parallel_ring}: ring attention merges partial "
+                          "attentions by their log-sum-exp, which PyTorch's native backend does not return; set "
+                          "model.attention_backend to flash, _native_flash or _native_cudnn (GPUs), or "
+                          "train.context_parallel_ring=1 (Ulysses alone)")
     if cfg.sampling.log_prob != "gaussian" and cfg.loss.likelihood_backend == "fused":
         raise ConfigError(f"sampling.log_prob={cfg.sampling.log_prob} is scored by the PyTorch likelihood terms only (the "
                           "fused op scores the Gaussian form); set loss.likelihood_backend=reference (or auto)")
@@ -190,11 +202,19 @@ def plan_arguments(cfg: Config) -> dict:
 
 
 def processes_check(cfg: Config, world_size: int) -> None:
-    """Groups never split across ranks: every rank samples whole prompts (with their groups)."""
+    """Groups never split across ranks: every rank samples whole prompts (with their groups). ``world_size``: the
+    launch's processes; with context parallelism, groups of train.context_parallel of them share their prompts."""
+    context = cfg.train.context_parallel
+    if world_size % context:
+        raise ConfigError(f"train.context_parallel={context} must divide the launch's {world_size} processes (each "
+                          f"context group is {context} of them); launch a multiple of {context} processes")
+    ranks = (f"{world_size} processes" if context == 1 else
+             f"{world_size // context} data-parallel ranks ({world_size} processes / train.context_parallel={context})")
+    world_size //= context
     per_batch = cfg.train.prompts_per_iteration // cfg.sampling.batches_per_iteration
     if per_batch % world_size:
         raise ConfigError(
             f"train.prompts_per_iteration={cfg.train.prompts_per_iteration} / sampling.batches_per_iteration="
             f"{cfg.sampling.batches_per_iteration} = {per_batch} prompts per batch cannot be split evenly over "
-            f"{world_size} processes; make it a multiple of {world_size}"
+            f"{ranks}; make it a multiple of {world_size}"
         )

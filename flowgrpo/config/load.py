@@ -48,6 +48,8 @@ RETIRED_KEYS = {
                        "(compose_plan's arguments) and its moving window under sampling.window; choose a method with "
                        "--preset NAME and change its plan with sampling.plan.KEY=VALUE",
     "recipe_preset": "recipe_preset is called preset now: the method the file is written for (its recipe on real models)",
+    "sampling.max_batch": "sampling.max_batch is called sampling.chunk now: samples per rollout network call (0 = the "
+                          "memory plan's choice)",
 }
 
 

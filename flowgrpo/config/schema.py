@@ -50,7 +50,17 @@ class SamplingConfig:
     window: dict = key(MAPPING, factory=dict)
     shift: Optional[float] = key(optional(above(0)), None)  # time shift of the rollout grid; None = the model's
     guidance_scale: Optional[float] = key(optional(at_least(0)), None)  # CFG scale in rollout and training; None = the model's
-    max_batch: int = key(at_least(1), 256)  # cap on rows per velocity call (memory)
+    # the rollout's forward in chunks of this many samples per network call (with CFG each call carries 2x as many
+    # rows, [uncond; cond]) instead of the whole level at once; memory only: the same samples and log-probs (within
+    # float rounding). 0 = the memory plan's choice at start-up (flowgrpo.memory.rollout_chunk: on a GPU what fits, on a
+    # CPU the whole level; docs/scaling.md)
+    chunk: int = key(at_least(0), 0)
+    # what the rollout record keeps of its latents (the states before and after each trained transition, roots and
+    # leaves): float32 (as sampled, in model.dtype) | bfloat16 (half the bytes: the walk rounds its states to bfloat16
+    # at the trained steps, so the stored log-probs are those of the rounded states and ρ = 1 exactly at epoch 0) |
+    # host (on the CPU, pinned where CUDA; the same numbers as float32). The likelihood math reads them back in the
+    # rollout's dtype on the model's device (docs/scaling.md, "What a video sample holds")
+    latent_storage: str = key(one_of("float32", "bfloat16", "host"), "float32")
     reduce: str = key(one_of("mean", "sum"), "mean")  # log-prob reduction over latent elements: mean (every public repo) | sum (true density)
     # the log-prob's form: gaussian (the density) | squared_error (−reduce(x' − μ)², no 1/(2s²): Flow-GRPO's CPS code,
     # whose clip range binds on that scale; the KL keeps the step's s)
@@ -248,6 +258,16 @@ class TrainConfig:
     # per pass; a set where only some prompts carry it is refused.
     balance_by: str = key(TEXT, "")
     cpu: bool = key(FLAG, False)  # force CPU (and make accelerate run distributed on CPU with gloo)
+    # keep the activations the training forward saves for its backward in host memory (torch's save_on_cpu, pinned
+    # where CUDA) instead of on the device: the same gradients, slower; docs/scaling.md, "What a video sample holds"
+    activation_offload: bool = key(FLAG, False)
+    # context (sequence) parallelism: each sample's tokens split over groups of this many processes (diffusers'
+    # Ulysses/ring attention; flowgrpo/engine/context.py, docs/scaling.md); the launch's processes / this = the
+    # data-parallel ranks. Wan, FLUX.1, FLUX.2, Qwen-Image. 1 = off
+    context_parallel: int = key(at_least(1), 1)
+    # of a context group, how many processes form rings (ring attention: needs an attention backend that returns its
+    # log-sum-exp, flash or cuDNN on GPUs); the rest split heads (Ulysses). 1 = Ulysses alone
+    context_parallel_ring: int = key(at_least(1), 1)
     # stop the run, naming the reward and its last error, after this many consecutive iterations in which no
     # sample got a finite reward (a reward that fails on every call); such iterations are never checkpointed (0 = never stop)
     max_iterations_without_reward: int = key(at_least(0), 3)

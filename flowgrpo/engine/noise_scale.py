@@ -89,11 +89,16 @@ class NoiseScale:
 class GradientProbe:
     """Per-micro-batch gradients of a probed optimizer step (see the module docstring)."""
 
-    def __init__(self, params: list[torch.nn.Parameter], window: int = 20, total=None):
+    def __init__(self, params: list[torch.nn.Parameter], window: int = 20, total=None, context: int = 1,
+                 context_sum=None):
         """``total``: a float summed over processes, when the parameters are sharded (each process sees its rows of
-        a gradient that the backward has already summed over processes; the units are summed the same way)."""
+        a gradient that the backward has already summed over processes; the units are summed the same way).
+        ``context``: the context-parallel group size (flowgrpo/engine/context.py): its processes hold the same prompts,
+        each a share of their tokens' gradient; ``context_sum`` sums a list of tensors over the group (unsharded: the
+        backward has not summed them)."""
         self.params = params
         self.total = total
+        self.context, self.context_sum = context, context_sum
         self.scale = NoiseScale(window)
         self.active = False
         self._previous: list[torch.Tensor] | None = None
@@ -108,10 +113,16 @@ class GradientProbe:
         def mine(t):
             return t.to_local() if hasattr(t, "to_local") else t
 
-        return [mine(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(mine(p)) for p in self.params]
+        flat = [mine(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(mine(p)) for p in self.params]
+        return flat if self.context_sum is None else self.context_sum(flat)  # the context group's whole gradient
 
     def _summed(self, value: float) -> float:
         return self.total(value) if self.total is not None else value
+
+    def _units(self, units: int) -> float:
+        """Prompts a micro-batch covers over the processes its gradient sums: summed over processes, a context
+        group's prompts are counted once."""
+        return self._summed(float(units)) / self.context if self.total is not None else float(units)
 
     def after_backward(self, units: int) -> None:
         if not self.active:
@@ -119,7 +130,7 @@ class GradientProbe:
         current = self._flat()
         previous = self._previous or [torch.zeros_like(c) for c in current]
         sq = self._summed(sum(float((c - p).double().square().sum()) for c, p in zip(current, previous)))
-        units = self._summed(float(units))
+        units = self._units(units)
         if units > 0:  # a sharded process's zero-loss filler adds no prompts (Policy.matched)
             self._points.append((sq, units))
         self._previous = current

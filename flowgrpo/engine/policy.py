@@ -32,6 +32,7 @@ import torch
 
 import samplers
 from flowgrpo.models.copies import WeightCopy
+from flowgrpo.engine.context import Layout, enable as enable_context_parallel
 from flowgrpo.engine.noise_scale import GradientProbe
 from flowgrpo.engine.optim import build_optimizer
 from flowgrpo.engine.sharding import Sharding, fsdp_plugin, full
@@ -43,9 +44,13 @@ class Policy:
     """The trainable model and every copy of its weights (see the module docstring)."""
 
     def __init__(self, model, accelerator, *, learning_rate: float, weight_decay: float, adam_betas: Sequence[float],
-                 grad_clip: float, optimizer: str = "adamw", merge_lora: bool = False):
+                 grad_clip: float, optimizer: str = "adamw", merge_lora: bool = False, context_parallel: int = 1,
+                 context_parallel_ring: int = 1, activation_offload: bool = False):
         self.model, self.acc = model, accelerator
+        self.activation_offload = activation_offload  # train.activation_offload: saved activations in host memory
         self.world, self.rank = accelerator.num_processes, accelerator.process_index
+        # data-parallel ranks x context groups (flowgrpo/engine/context.py): a group's processes share their samples
+        self.layout = Layout.of_launch(accelerator, context_parallel, context_parallel_ring)
         plugin = fsdp_plugin(accelerator)
         self.sharding = Sharding(plugin, accelerator) if plugin is not None else None
         if self.sharding is not None:  # before the optimizer: it holds the sharded parameters
@@ -56,6 +61,7 @@ class Policy:
                 self.sharding.shard(network, model.dtype)
             model.take_reference()  # full fine-tuning's frozen reference, now of the sharded parameters
             model.call_every_expert = len(model.experts) > 1  # the same collectives on every process (Wan2.2)
+        enable_context_parallel(model, self.layout)  # after sharding, as model.compile
         if merge_lora and self.sharding is not None:
             from flowgrpo.run.errors import ConfigError
 
@@ -72,7 +78,10 @@ class Policy:
         self.copies: dict[str, WeightCopy] = {}
         self.nfe = samplers.NFECounter()
         # the gradient noise scale (log.grad_noise_every); sharded, each backward's gradient is summed over processes
-        self.probe = GradientProbe(self.params, total=self.sharding.total if self.sharding else None)
+        self.probe = GradientProbe(self.params, total=self.sharding.total if self.sharding else None,
+                                   context=self.layout.context_size,
+                                   context_sum=self.layout.context_sum if self.layout.context_size > 1 and
+                                   self.sharding is None else None)
         self.optimizer_steps, self.skipped_steps = 0, 0
         self.untrained_backwards = 0  # micro-batches whose rows all fell on frozen experts (nothing to train)
 
@@ -139,7 +148,7 @@ class Policy:
         (``weights=None``), or without gradient a copy's weights or the reference policy (``REFERENCE``)."""
         rows = x.shape[0]
         if weights is None:
-            with self.acc.autocast():
+            with self.acc.autocast(), self.saved_activations():
                 v = self.model.velocity(x, sigma, cond, guidance_scale)
             self.nfe.add("train_forward", rows)
             self.nfe.add("train_backward", rows)
@@ -149,6 +158,14 @@ class Policy:
             v = self.model.velocity(x, sigma, cond, guidance_scale)
         self.nfe.add("train_forward", rows)
         return v
+
+    def saved_activations(self):
+        """Where the forward with gradient keeps what its backward needs: with train.activation_offload in host
+        memory (torch's save_on_cpu, pinned on CUDA: each saved tensor is copied out as the forward saves it and back
+        as the backward unpacks it), else on the device. Only the forward needs the context."""
+        if not self.activation_offload:
+            return nullcontext()
+        return torch.autograd.graph.save_on_cpu(pin_memory=self.device.type == "cuda")
 
     # ---------------------------------------------------------------- gradients and steps
     def zero_grad(self) -> None:
@@ -223,10 +240,9 @@ class Policy:
             self.model.save_trainable(folder, whole)
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` of every process, concatenated in rank order (itself on one process); on the CPU."""
-        if self.world == 1:
-            return tensor
-        return self.acc.gather(tensor.to(self.acc.device)).cpu()
+        """``tensor`` of every data-parallel rank, concatenated in rank order (itself on one); on the CPU. With context
+        parallelism a context group's processes hold the same samples: each group's tensor counts once."""
+        return self.layout.gather(tensor, self.acc.device)
 
     # ---------------------------------------------------------------- checkpoints
     def state_tensors(self) -> dict[str, torch.Tensor]:

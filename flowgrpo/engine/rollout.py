@@ -57,7 +57,8 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
     """Roll out, decode and submit for scoring every batch of ``iteration`` on this process.
 
     ``learner`` says which weights sample (``sampling_copy``) and what the record keeps
-    (``needs_transitions``, ``store_mean``); ``cfg`` is the run's config."""
+    (``needs_transitions``, ``store_mean``); ``cfg`` is the run's config (its sampling.chunk resolved by the trainer:
+    ``chunk_of``; 0 here is the whole level in one call)."""
     model, sampling = policy.model, cfg.sampling
     batches = []
     for slots in draws.iteration_slots(iteration):
@@ -68,8 +69,9 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
             record = samplers.rollout(
                 policy.velocity_fn(cond, sampling.guidance_scale), plan, prompt_ids=slots,
                 latent_shape=model.latent_shape(), seed=cfg.train.seed, iteration=iteration, dtype=model.dtype,
-                device=model.device, max_batch=sampling.max_batch, store_mean=learner.store_mean,
-                reduce=sampling.reduce, log_prob_form=sampling.log_prob, nfe=policy.nfe, transitions=learner.needs_transitions,
+                device=model.device, max_batch=sampling.chunk or None,
+                store_mean=learner.store_mean, reduce=sampling.reduce, log_prob_form=sampling.log_prob, nfe=policy.nfe,
+                transitions=learner.needs_transitions, latent_storage=sampling.latent_storage,
             )
         if not bool(torch.isfinite(record.leaf_state).all()):
             with policy.sampling_with(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):
@@ -82,11 +84,25 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
         # chunk's decode (measured on 2 cores: the reward wait of TempFlow's 400-odd leaves and of the video
         # default's 64 clips falls from 0.2-0.3 s to one chunk's scoring, benchmarks/bench_overhead.py)
         media, scores = [], []
+        if not policy.layout.leader:  # context parallelism: the group's first process decodes and scores
+            batches.append(Batch(record, cond, slots, texts, metadata, torch.empty(0), []))
+            continue
         for i in range(0, record.num_leaves, chunk):
-            media.append(model.decode(record.leaf_state[i : i + chunk]).cpu())
+            media.append(model.decode(record.latents("leaf_state", slice(i, i + chunk))).cpu())
             scores.append(scoring.submit(media[-1], leaf_texts[i : i + chunk], leaf_meta[i : i + chunk]))
         batches.append(Batch(record, cond, slots, texts, metadata, torch.cat(media), scores))
     return batches
+
+
+def chunk_of(cfg, model, processes: int, sharded: bool) -> int:
+    """Samples per rollout network call, resolved once at start-up (the trainer writes it into the run's config, as
+    it does model.device=auto): sampling.chunk, or where it is 0 the memory plan's choice for this model, device and
+    layout (flowgrpo.memory.rollout_chunk)."""
+    if cfg.sampling.chunk:
+        return cfg.sampling.chunk
+    from flowgrpo.memory import rollout_chunk  # on use: only a run that leaves the chunk to the plan asks it
+
+    return rollout_chunk(cfg, model, processes, sharded)
 
 
 def nonfinite_cause(record, plan, velocity, model) -> str:
@@ -94,7 +110,7 @@ def nonfinite_cause(record, plan, velocity, model) -> str:
     initial noise, the network's velocity at the first step (its weights, or its arithmetic on finite inputs and
     weights), or the states of a later step (the first such step named, with its kernel and η)."""
     lr = "lower train.learning_rate or keep train.grad_clip on, and restart from a checkpoint (or with resume=false)"
-    x = record.root_state[:8]
+    x = record.latents("root_state", slice(0, 8))
     if not bool(torch.isfinite(x).all()):
         return "the initial noise x_T is not finite (the sampler's draws; report this as a bug)"
     sigma = torch.full((x.shape[0],), float(plan.sigmas[0]), dtype=torch.float32, device=x.device)
@@ -111,7 +127,7 @@ def nonfinite_cause(record, plan, velocity, model) -> str:
                 f"a smaller sampling.guidance_scale); if it began after some iterations: {lr}")
     stored = set(record.step.unique().tolist()) if record.step.numel() else set()
     if stored:
-        finite = torch.isfinite(record.next_state.flatten(1)).all(1)
+        finite = torch.isfinite(record.next_state.flatten(1)).all(1).to(record.step.device)  # (host storage)
         if not bool(finite.all()):
             return _after_steps([int(record.step[~finite].min())], plan, lr)
     # the stored states are finite: the first non-finite one is after the last of them, in a step the record drops
@@ -145,13 +161,18 @@ def describe_batches(cfg, world_size: int, leaves_per_prompt: int, learner_lines
     """The derived batch arithmetic, printed at start-up; ``learner_lines``: what the learner trains per
     iteration and in how many steps (the learner's ``describe``)."""
     t = cfg.train
-    per_rank = t.prompts_per_iteration // world_size
+    context = t.context_parallel
+    ranks = world_size // context
+    per_rank = t.prompts_per_iteration // ranks
+    where = ("per process" if context == 1 else
+             f"per data-parallel rank: {ranks} ranks x context groups of {context} processes, each sample's tokens "
+             f"split over its group")
     lines = [
-        f"processes: {world_size}; prompts per iteration: {t.prompts_per_iteration} ({per_rank} per process, "
+        f"processes: {world_size}; prompts per iteration: {t.prompts_per_iteration} ({per_rank} {where}, "
         f"{cfg.sampling.batches_per_iteration} rollout batches)",
         f"samples (leaves) per prompt: {leaves_per_prompt}; per iteration: {t.prompts_per_iteration * leaves_per_prompt}",
         learner_lines,
     ]
     return "\n".join(lines)
 
-__all__ = ["Batch", "PromptDraws", "describe_batches", "nonfinite_cause", "plan_schedule", "sample"]
+__all__ = ["Batch", "PromptDraws", "chunk_of", "describe_batches", "nonfinite_cause", "plan_schedule", "sample"]

@@ -72,14 +72,16 @@ class Trainer:
         self.throughput = Throughput(self.model, t.mixed_precision) if cfg.log.mfu else None
         self.policy = Policy(self.model, self.acc, learning_rate=t.learning_rate, weight_decay=t.weight_decay,
                              adam_betas=t.adam_betas, grad_clip=t.grad_clip, optimizer=t.optimizer,
-                             merge_lora=cfg.sampling.merge_lora)
+                             merge_lora=cfg.sampling.merge_lora, context_parallel=t.context_parallel,
+                             context_parallel_ring=t.context_parallel_ring, activation_offload=t.activation_offload)
+        cfg.sampling.chunk = rollout.chunk_of(cfg, self.model, self.world, self.policy.sharding is not None)
         # the held-out evaluation's weights: an EMA of the trained ones, updated after every optimizer step
         self.ema = self.policy.copy("ema", warmed_decay(t.ema_decay)) if t.ema_decay > 0 else None
         self.schedule = plan_schedule(cfg, self.model)
         prompts, metadata = read_prompts(cfg.prompts)
         groups = strata(metadata, t.balance_by, cfg.prompts) if t.balance_by else None
         self.draws = rollout.PromptDraws(prompts, metadata, groups, t, cfg.sampling.batches_per_iteration,
-                                         self.rank, self.world)
+                                         self.policy.layout.data_rank, self.policy.layout.data_world)
         self.learner = build_learner(cfg, self.policy)  # the update rule (learner.name): flowgrpo/engine/learners/
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard,
                                 wandb=cfg.log.wandb)
@@ -102,11 +104,13 @@ class Trainer:
 
     def assign_credit(self, batches: list[rollout.Batch], plan) -> tuple[credit.Advantages, dict]:
         """SCORE's results and ADVANTAGE: the iteration's rewards, advantages and their statistics."""
-        local_rewards = self.scoring.collect([part for b in batches for part in b.rewards])
+        layout = self.policy.layout  # a context group's first process decoded and scored; the others get its results
+        local_rewards, features = layout.from_leader(lambda: (self.scoring.collect([p for b in batches for p in b.rewards]),
+                                                              credit.leaf_features([b.images for b in batches])
+                                                              if self.cfg.advantage.diversity else None))
         records = [b.record.bookkeeping_on_cpu() for b in batches]  # rewards and advantages live on the CPU
-        features = credit.leaf_features([b.images for b in batches]) if self.cfg.advantage.diversity else None
         advantages, stats = credit.assign(records, [b.slots for b in batches], local_rewards, self.scoring.weights,
-                                          self.cfg.advantage, plan.branches, self.policy.gather, self.rank, features)
+                                          self.cfg.advantage, plan.branches, self.policy.gather, layout.data_rank, features)
         stats.update(self.scoring.statistics(stats.pop("all_rewards")))
         return advantages, stats
 

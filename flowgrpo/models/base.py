@@ -63,6 +63,9 @@ class FlowModel(TrainableWeights):
         self.dtype = DTYPES[cfg.dtype]
         self.call_timer = CallTimer(self.device)  # time inside the network's calls (benchmarks, metrics)
         self._load_components()
+        self.text_encoders_device = self.device  # where the text encoders are (model.offload_text_encoders moves them)
+        if cfg.offload_text_encoders:  # model.offload_text_encoders: on the CPU until an encoding needs them
+            self._place_text_encoders(torch.device("cpu"))
         self.latent_shape()  # fail now if the resolution does not fit the model
         self.shift: float = float(cfg.shift) if cfg.shift is not None else self._scheduler_shift()
         # the scheduler's terminal stretch of its sigma grid (Qwen-Image: the last sigma before 0 is 0.02), or None
@@ -77,6 +80,9 @@ class FlowModel(TrainableWeights):
         # a sharded run sets this: every call runs every expert (an expert without rows on one row, its output
         # times 0), so every process makes the same collective calls whatever its rows' times (engine/policy.py)
         self.call_every_expert = False
+        # context parallelism (flowgrpo/engine/context.py) splits the token sequence over a group of processes: a
+        # family whose text length varies pads it to a multiple of this (the group's size)
+        self.sequence_multiple = 1
         self._in_reference = False
         self._integer_time = None  # inside integer_timesteps(): "floor" or "nearest", the networks told an integer
         self._setup_finetune()
@@ -260,12 +266,44 @@ class FlowModel(TrainableWeights):
                 f"multiples of {multiple} (VAE factor x patch size); change model.resolution (and model.width)"
             )
 
+    def text_encoders(self) -> dict[str, torch.nn.Module]:
+        """The pipeline's text encoders by component name (SD3: text_encoder, text_encoder_2, text_encoder_3; FLUX.1:
+        two; Wan: its T5; Qwen-Image: its VLM; FLUX.2, Z-Image: one): what model.offload_text_encoders moves."""
+        pipeline = getattr(self, "pipeline", None)
+        components = pipeline.components if pipeline is not None else {}
+        return {name: module for name, module in components.items()
+                if name.startswith("text_encoder") and isinstance(module, torch.nn.Module)}
+
+    def _place_text_encoders(self, device: torch.device) -> None:
+        """Move every text encoder to ``device``; ``text_encoders_device`` says where they are."""
+        for module in self.text_encoders().values():
+            module.to(device)
+        self.text_encoders_device = device
+
+    @contextmanager
+    def _text_encoders_ready(self) -> Iterator[None]:
+        """Inside, the text encoders are on the model's device; with model.offload_text_encoders they are brought
+        there for the encoding and moved back to the CPU after it (also when it raises)."""
+        if not self.config.offload_text_encoders:
+            yield
+            return
+        self._place_text_encoders(self.device)
+        try:
+            yield
+        finally:
+            self._place_text_encoders(torch.device("cpu"))
+
     # ---------------------------------------------------------------- the interface
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], chunk_size: int = 64) -> Conditioning:
-        """Encode prompts once (text encoders are frozen); rows follow the order of ``prompts``."""
+        """Encode prompts once (text encoders are frozen); rows follow the order of ``prompts``. With
+        model.offload_text_encoders the encoders come to the device for this call and go back to the CPU after."""
         if isinstance(prompts, str) or not prompts:
             raise ValueError("encode_prompts takes a non-empty list of prompt strings")
+        with self._text_encoders_ready():
+            return self._encode_prompts(prompts, chunk_size)
+
+    def _encode_prompts(self, prompts: list[str], chunk_size: int) -> Conditioning:
         parts = [self._encode(list(prompts[i : i + chunk_size])) for i in range(0, len(prompts), chunk_size)]
         def cat(i: int) -> Optional[torch.Tensor]:
             return None if len(parts[0]) <= i or parts[0][i] is None else torch.cat([p[i] for p in parts])

@@ -62,6 +62,10 @@ class ModelConfig:
     # "frozen_copy" (a WeightCopy of the trained weights as loaded) | "none" (no reference, no KL term)
     reference: str = "auto"
     gradient_checkpointing: bool = False  # recompute transformer activations in backward to save memory
+    # move the text encoders (SD3's three, FLUX's two, Wan's T5, Qwen-Image's VLM, ...) to the CPU once prompts are
+    # encoded, and back to the device for the next encoding (the rollout's and the held-out evaluation's): their
+    # memory is free while sampling and training; the same conditioning, slower (docs/scaling.md)
+    offload_text_encoders: bool = False
     # regional compilation: torch.compile each repeated block of the denoising networks (the elements of their
     # block lists), for sampling and training; the first calls compile (minutes at real size), later ones reuse it
     compile: bool = False
@@ -178,6 +182,8 @@ def check_model_config(config: ModelConfig) -> ModelConfig:
             "model config reference='adapter_disabled' needs finetune='lora' (full fine-tuning has no adapter "
             "to disable); use reference: frozen_copy (or auto, or none)"
         )
+    if not isinstance(config.offload_text_encoders, bool):
+        raise bad("offload_text_encoders", "true or false")
     if config.compile_backend not in COMPILE_BACKENDS:
         raise bad("compile_backend", ", ".join(COMPILE_BACKENDS))
     if config.compile_mode not in COMPILE_MODES:

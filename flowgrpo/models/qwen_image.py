@@ -98,15 +98,19 @@ class QwenImageModel(FlowModel):
         )[0]
         return self._unpack(out, h, w)
 
-    @staticmethod
-    def _trim_text(embeds: torch.Tensor, mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _trim_text(self, embeds: torch.Tensor, mask: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The text of one call as the pipeline would pass it: padded only to the longest prompt of the batch (the
         columns no row uses are dropped, which saves attending over them), and no mask when every token left is real
-        (encode_prompt's rule; unmasked attention can use the fastest kernels)."""
+        (encode_prompt's rule; unmasked attention can use the fastest kernels). With context parallelism the text
+        tokens are split over the group too: their count is padded (masked) to a multiple of its size."""
         if mask is None:
             return embeds, None
         used = mask.bool().any(dim=0).nonzero()
         length = int(used.max()) + 1 if used.numel() else mask.shape[1]
+        length = -(-length // self.sequence_multiple) * self.sequence_multiple
+        if length > embeds.shape[1]:
+            embeds = torch.nn.functional.pad(embeds, (0, 0, 0, length - embeds.shape[1]))
+            mask = torch.nn.functional.pad(mask, (0, length - mask.shape[1]))
         embeds, mask = embeds[:, :length], mask[:, :length]
         return embeds, None if bool(mask.all()) else mask
 

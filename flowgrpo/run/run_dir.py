@@ -109,14 +109,18 @@ def _save_media(folder: Path, stem: str, media: torch.Tensor, fps: int) -> dict:
 #   eval.every, eval.at_start, eval.batch_size   when, and in what chunks, the same held-out measurement runs
 #                                         (its prompts, limit, steps and reward do change what is measured)
 #   model.device, train.cpu, *.threads    the machine it runs on and how many CPU threads it uses: speed only
-#   sampling.max_batch, train.micro_batch memory chunks of the same computation (rows per model call,
-#                                         gradient accumulation)
+#   sampling.chunk, train.micro_batch     memory chunks of the same computation (samples per rollout call,
+#                                         gradient accumulation); sampling.max_batch is sampling.chunk's old name
+#   model.offload_text_encoders, train.activation_offload   where the same tensors wait between uses (host or
+#                                         device memory); not sampling.latent_storage: its bfloat16 rounds states
 #   loss.likelihood_backend               the same likelihood terms computed by PyTorch or by the fused op (ops.py)
+#   train.context_parallel(_ring)         the same samples' tokens split over more or fewer processes (context.py)
 # Everything else (model, rewards, method and plan, learner, learning rate, batch sizes, seed, prompts, the
 # held-out set, mixed precision, ...) changes what the run computes: refused unless allow_config_change=true.
 NEUTRAL_KEYS = ("run_name", "output_dir", "resume", "allow_config_change", "train.iterations", "log.", "eval.every",
                 "eval.at_start", "eval.batch_size", "model.device", "train.cpu", "sampling.max_batch",
-                "train.micro_batch", "loss.likelihood_backend")
+                "sampling.chunk", "train.micro_batch", "loss.likelihood_backend", "model.offload_text_encoders",
+                "train.activation_offload", "train.context_parallel", "train.context_parallel_ring")
 _UNSET = "(unset)"
 
 

@@ -100,11 +100,21 @@ TRAINING = [
     (["sampling.method=flow_grpo"], r"error: sampling.method is gone: a preset's file is its whole method, .*choose a "
                                     r"method with --preset NAME"),
     (["--preset", "dance_grpo"], r"error: preset 'dance_grpo' is called 'dancegrpo' now \(--preset dancegrpo\)$"),
+    (["sampling.max_batch=8"], r"error: sampling.max_batch is called sampling.chunk now: "),
     # the speed levers where they cannot apply
     (["sampling.merge_lora=true", "model.finetune=full"], r"sampling.merge_lora merges a LoRA adapter into the weights, "
                                                           r"and model.finetune=full .*set sampling.merge_lora=false$"),
     (["--config", "configs/analytic.yaml", "model.compile=true"], r"model.compile compiles the blocks of a diffusers "
                                                                   r"transformer; .*set model.compile=false$"),
+    # context parallelism where it cannot split (a family without a diffusers plan: tests/engine/test_context_parallel.py)
+    (["train.context_parallel=2"], r"train.context_parallel=2 must divide the launch's 1 processes .*launch a multiple "
+                                   r"of 2 processes$"),
+    (["--config", "configs/analytic.yaml", "train.context_parallel=2"], r"train.context_parallel splits a diffusers "
+                                                                        r"transformer's token sequence; .*set "
+                                                                        r"train.context_parallel=1$"),
+    (["train.context_parallel=2", "train.context_parallel_ring=2"], r"ring attention merges partial attentions by their "
+                                                                    r"log-sum-exp, .*train.context_parallel_ring=1 "
+                                                                    r"\(Ulysses alone\)$"),
     (["sampling.plan.group_size=4096", "sampling.plan.num_steps=1000"],
      r"holds [0-9,]+ states per rollout batch .*more than 1,048,576: it cannot finish in memory or in any sensible "
      r"time; lower those"),
@@ -259,7 +269,8 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "is not a key of the plan", "is not a key of the window", "cannot be built: ",
                      "sampling.method is gone", "is called 'dancegrpo' now", "states per rollout batch",
                      "the launch started", "the policy's samples are NaN or inf", "merges a LoRA adapter",
-                     "compiles the blocks of a diffusers transformer"):
+                     "compiles the blocks of a diffusers transformer", "splits a diffusers transformer's token",
+                     "must divide the launch's", "ring attention merges partial attentions"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
 

@@ -30,7 +30,8 @@ def test_config_differences_tell_experiment_keys_from_the_rest():
 
     old = load_config(None, None, [])
     new = load_config(None, None, ["train.iterations=500", "eval.every=3", "log.save_every=7", "output_dir=elsewhere",
-                                   "model.device=cpu", "sampling.max_batch=16", "train.micro_batch=8"])
+                                   "model.device=cpu", "sampling.chunk=16", "train.micro_batch=8",
+                                   "model.offload_text_encoders=true", "train.activation_offload=true"])
     changes = config_differences(to_yaml(old), to_yaml(new))
     assert changes["train.iterations"] == (old.train.iterations, 500) and "log.save_every" in changes
     assert experiment_keys(changes) == []  # longer, logged differently, elsewhere, other device or memory chunks

@@ -83,6 +83,8 @@ def hand_rollouts(trainer, leaves):
         prompt_cond=torch.arange(prompts),
         groups_per_prompt=gpp,
     )
+    # samplers.Trajectory.latents: these latents are stored as the learner uses them
+    record.latents = lambda name, rows=None: getattr(record, name) if rows is None else getattr(record, name)[rows]
     batch = SimpleNamespace(record=record, slots=list(range(prompts)),
                             cond=model.encode_prompts([f"mode {p}" for p in range(prompts)]))
     advantages = Advantages([], [torch.tensor([leaf[3] for leaf in leaves], dtype=torch.float64)])

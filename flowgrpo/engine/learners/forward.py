@@ -289,7 +289,7 @@ class ForwardLearner(Learner):
             s, pick = m.sample, torch.tensor(m.draws)
             rec = batches[s.batch].record
             t, eps = self.draws(s, epoch, space)
-            x0.append(rec.leaf_state[s.leaf].unsqueeze(0).expand((len(m.draws),) + latent))
+            x0.append(rec.latents("leaf_state", s.leaf).unsqueeze(0).expand((len(m.draws),) + latent))
             ts.append(t[pick])
             noise.append(eps[pick])
             conds.append(int(rec.prompt_cond[rec.leaf_prompt[s.leaf]]))

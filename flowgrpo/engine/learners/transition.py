@@ -213,7 +213,8 @@ class TransitionLearner(Learner):
             adv = torch.tensor([rows[i].advantage for i in members], device=device)
             c = torch.tensor([coefs[i] for i in members], device=device)
             w = torch.tensor([rows[i].weight for i in members], device=device)  # plan and step weight: the policy term's
-            x, sigma, cond = rec.state[r], rec.sigma[r], b.cond.select(rec.cond_index[r])
+            # the stored states as the rollout computed them (Trajectory.latents: bfloat16 or host storage read back)
+            x, sigma, cond = rec.latents("state", r), rec.sigma[r], b.cond.select(rec.cond_index[r])
             # μ = a·x + b·v per row with the rollout's kernel; std rounded as the rollout rounded it,
             # so that lp_θ − lp_old is exactly 0 at the rollout policy (reference backend)
             a, bv, std = likelihood.transition_coefficients(rec.kernel[r], sigma, rec.sigma_next[r], rec.eta[r])
@@ -224,10 +225,10 @@ class TransitionLearner(Learner):
                 anchor_v = policy.velocity(x, sigma, cond, guidance, weights=self.anchor) if self.anchor is not None else None
                 ref_v = policy.velocity(x, sigma, cond, guidance, weights=REFERENCE) if cfg.loss.kl_coef > 0 else None
                 v = policy.velocity(x, sigma, cond, guidance)
-            mean_old = rec.mean[r] if rec.mean is not None else None
+            mean_old = rec.latents("mean", r)
             extra_kl = anchor_v is not None or cfg.loss.rollout_kl_coef > 0 or cfg.loss.policy_loss == "kl_mask"
             terms = likelihood.transition_terms(
-                x, v, rec.next_state[r], a, bv, std, mu_old=mean_old, v_ref=ref_v, reduce=cfg.sampling.reduce,
+                x, v, rec.latents("next_state", r), a, bv, std, mu_old=mean_old, v_ref=ref_v, reduce=cfg.sampling.reduce,
                 return_mean=extra_kl, backend=cfg.loss.likelihood_backend, form=cfg.sampling.log_prob,
             )
             log_ratio_plain = terms.log_prob - rec.log_prob[r].to(terms.log_prob)
