@@ -6,7 +6,8 @@
 #   scale_*       bench_scale.py at real size, random weights of the real architectures (one warm-up, one measured
 #                 iteration): SD3.5-Medium with Flow-GRPO (512 px, group 16, 10 SDE steps, CFG 4.5) with the speed
 #                 levers off, then sampling.merge_lora; Wan2.1-1.3B (81 frames at 480x832, group 2; its memory plan
-#                 beside the measured peak); SD3.5-Medium with model.compile too (minutes of compilation), compiled
+#                 beside the measured peak), then with the video memory options (chunk 1, host latents, text encoders
+#                 and activations offloaded); SD3.5-Medium with model.compile too (minutes of compilation), compiled
 #                 without the merge, and with CUDA graphs; Qwen-Image at VeRL-Omni's published setting; FLUX.1-dev
 #                 with the default (DiffusionNFT, 512 px, group 8); SD3.5-Medium with the default (group 16)
 #   ops_tests     the CUDA likelihood op's GPU tests (values, gradients, reproducibility, agreement with the CPU)
@@ -61,6 +62,10 @@ scale scale_sd3_5_medium_flow_grpo "${SD3_FLOW_GRPO[@]:0:2}" 90 "${SD3_FLOW_GRPO
 scale scale_sd3_5_medium_flow_grpo_merged "${SD3_FLOW_GRPO[@]:0:2}" 90 "${SD3_FLOW_GRPO[@]:2}" sampling.merge_lora=true
 scale scale_wan2_1_t2v_1_3b_default wan2_1_t2v_1_3b default 120 train.prompts_per_iteration=1 sampling.plan.group_size=2 \
     train.micro_batch=2
+# the same with what a video sample holds moved off the GPU (docs/scaling.md): its measured peak against its plan
+scale scale_wan2_1_t2v_1_3b_video_memory wan2_1_t2v_1_3b default 150 train.prompts_per_iteration=1 \
+    sampling.plan.group_size=2 train.micro_batch=2 sampling.chunk=1 sampling.latent_storage=host \
+    model.offload_text_encoders=true train.activation_offload=true
 scale scale_sd3_5_medium_flow_grpo_compiled "${SD3_FLOW_GRPO[@]:0:2}" 300 "${SD3_FLOW_GRPO[@]:2}" sampling.merge_lora=true \
     model.compile=true
 # compiled alone, and compiled with CUDA graphs (inductor's reduce-overhead): what each adds

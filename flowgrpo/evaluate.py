@@ -108,18 +108,21 @@ def evaluate(
     seconds), the images [N, 3, H, W] (videos [N, F, 3, H, W]) in [0, 1] and the per-sample scores [N]
     (NaN = not applicable).
 
-    ``processes`` = (rank, world, gather): every process of a run calls this and samples and scores its
+    ``processes`` = (rank, world, gather[, share]): every process of a run calls this and samples and scores its
     contiguous share of the prompts (padded to the same size, so that each makes the same model calls:
     a sharded network's calls are collectives); ``gather`` (a tensor of every process, concatenated in rank
     order) gives every process the whole results, equal to one process's (each prompt's noise is drawn
-    from its own index). ``first_index``: the index of ``prompts[0]`` in a larger set that is evaluated in
+    from its own index). ``share(compute)``: where processes hold the same share (a context-parallel group,
+    flowgrpo/engine/context.py), one of them scores and the others receive its scores. ``first_index``: the index of ``prompts[0]`` in a larger set that is evaluated in
     blocks: prompt i's noise is drawn from (seed, first_index + i), the same as in one call over the whole set.
     """
     started = time.time()
     reward = build_reward(reward, {}, "the held-out reward (eval.reward, --reward)") if isinstance(reward, str) else reward
     n, index = len(prompts), list(range(len(prompts)))
+    share = (lambda compute: compute())
     if processes is not None:
-        rank, world, gather = processes
+        rank, world, gather, *more = processes
+        share = more[0] if more else share
         per = -(-n // world)
         index = index[rank * per : (rank + 1) * per]
         index += [index[-1] if index else 0] * (per - len(index))  # padding: repeats, dropped after the gather
@@ -128,11 +131,11 @@ def evaluate(
         model, mine, seed=seed, steps=steps, guidance_scale=guidance_scale,
         batch_size=batch_size, progress=progress, desc=desc, noise_index=[first_index + i for i in index],
     )
-    outputs = [
+    outputs = share(lambda: [
         reward(images[i : i + batch_size], mine[i : i + batch_size],
                None if mine_meta is None else mine_meta[i : i + batch_size])
         for i in range(0, len(mine), batch_size)
-    ]
+    ])
     scores = torch.cat([o.scores for o in outputs])
     info = {}
     if all("strict" in o.info for o in outputs):

@@ -40,9 +40,9 @@ class HeldOut:
         seed = self.cfg.train.seed + EVAL_SEED_OFFSET
         # every process evaluates its share of the prompts (each prompt's noise is its own): faster with several,
         # and needed when sharded (every model call is a collective); each then holds the whole results
-        # (with context parallelism a context group's processes evaluate the same share: data ranks split the prompts)
+        # (with context parallelism a context group's processes sample the same share, its first one scores it)
         layout = policy.layout
-        processes = (layout.data_rank, layout.data_world, policy.gather) if policy.world > 1 else None
+        processes = (layout.data_rank, layout.data_world, policy.gather, layout.from_leader) if policy.world > 1 else None
         with policy.sampling_with(weights), policy.autocast():  # a labelled bar: the base model's evaluation takes a while
             summary, media, scores = evaluate(policy.model, prompts, self.reward, metadata, seed=seed, steps=e.steps,
                                               batch_size=e.batch_size, progress=log.progress and policy.rank == 0,

@@ -9,6 +9,7 @@ parameters and floating-point buffers summed.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -139,9 +140,17 @@ def read_architecture(model_config, name: Optional[str] = None, folder: Optional
 
 
 def architecture_from_configs(family: str, configs: dict[str, dict], source: str = "") -> Architecture:
-    """The :class:`Architecture` of component configurations {component: config dict}, counted on the meta device."""
+    """The :class:`Architecture` of component configurations {component: config dict}, counted on the meta device
+    (once per process for the same configurations: every trainer start plans its run, and a test process starts
+    hundreds)."""
+    return _architecture(family, json.dumps(configs, sort_keys=True, default=str), source)
+
+
+@functools.lru_cache(maxsize=16)
+def _architecture(family: str, configs_json: str, source: str) -> Architecture:
     import torch
 
+    configs = json.loads(configs_json)
     transformer = build_on_meta(configs["transformer"])
     others = [_sizes(k, build_on_meta(configs[k])) for k in sorted(configs) if k != "transformer"]
     linears = tuple(Linear(n, m.in_features, m.out_features) for n, m in transformer.named_modules()

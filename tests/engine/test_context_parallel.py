@@ -99,6 +99,8 @@ def _assert_same(one: dict, split: dict, counted: str) -> None:
     for a, b in zip(split["metrics"], one["metrics"]):
         assert a[counted] == b[counted], counted
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-3, abs=1e-6), "loss"
+        if "eval/mean_score" in b:  # the held-out evaluation at the end: sampled by each, scored by the leader
+            assert a["eval/mean_score"] == pytest.approx(b["eval/mean_score"], rel=1e-4), "held-out score"
     if counted == "trained_transitions":  # ratio == 1 at inner epoch 0: as exactly as one process has it
         worst = max(r["max_abs_ratio_minus_1_epoch0"] for r in one["metrics"])
         assert all(r["max_abs_ratio_minus_1_epoch0"] <= max(worst, 2 * torch.finfo(torch.float32).eps)
