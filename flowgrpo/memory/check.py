@@ -151,10 +151,17 @@ def check_before_rollout(cfg, model, processes: int, sharded: bool, group: int, 
                f"training micro-batch {gib(result.training_activations)} GiB) and "
                f"{'this GPU has' if device.type == 'cuda' else 'the host has'} {gib(available)} GiB")
     most = "any" if result.max_group is None else result.max_group
+    # what a video sample holds, moved off the device (docs/scaling.md): the options this run does not use yet
+    unused = [option for option, used in (
+        ("sampling.latent_storage=host", cfg.sampling.latent_storage != "float32"),
+        ("model.offload_text_encoders=true", cfg.model.offload_text_encoders),
+        ("train.activation_offload=true", cfg.train.activation_offload)) if not used]
     fix = (f"lower sampling.plan.group_size (at most {most} fits) or train.micro_batch (at most "
            f"{result.max_micro_batch}), enable model.gradient_checkpointing, or shard over more GPUs (docs/memory.md)"
            + ("; or train a LoRA instead of every weight (model.finetune=lora model.reference=auto "
-              "train.learning_rate=3e-4)" if cfg.model.finetune == "full" else ""))
+              "train.learning_rate=3e-4)" if cfg.model.finetune == "full" else "")
+           + (f"; or move tensors off the GPU ({' '.join(unused)}) or split each sample over GPUs "
+              "(train.context_parallel=N: docs/scaling.md)" if device.type == "cuda" else ""))
     if verdict == "no":
         raise UserError(f"this run cannot fit: {numbers}, less than the plan's {gib(result.total / PLAN_OVER_MEASURED)} GiB "
                         f"lower bound; {fix}")

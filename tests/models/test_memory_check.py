@@ -58,6 +58,9 @@ def test_a_run_that_cannot_fit_is_refused_with_the_numbers_and_the_keys(monkeypa
     assert f"{planned / GIB:.2f} GiB per GPU" in message and "lower sampling.plan.group_size (at most " in message
     assert "train.micro_batch (at most " in message and "docs/memory.md" in message
     assert "model.finetune=lora" not in message  # already a LoRA
+    # on a GPU: the options that move what a sample holds off it, and the context split
+    assert "(sampling.latent_storage=host model.offload_text_encoders=true train.activation_offload=true)" in message
+    assert "train.context_parallel=N" in message
 
 
 def test_a_full_fine_tuning_run_that_cannot_fit_names_the_lora_too(monkeypatch, setup):
