@@ -76,25 +76,15 @@ class Layout:
         """Whether this process decodes and scores for its context group (its first process)."""
         return self.context_rank == 0
 
-    @property
-    def processes(self) -> int:
-        return self.data_world * self.context_size
-
     # ---------------------------------------------------------------- collectives
     def gather(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``tensor`` of every data rank, concatenated in data-rank order (itself with one); on the CPU. Each context
         group's processes hold the same tensor: one copy of each group is kept."""
-        if self.data_world * self.context_size == 1:
+        if self.data_world == 1:
             return tensor
         work = tensor.to(device).contiguous()
-        if self.mesh is None:
-            group, size = None, self.data_world
-        else:
-            group, size = self.mesh.get_group("data"), self.data_world
-        if size == 1:
-            return tensor
-        parts = [torch.empty_like(work) for _ in range(size)]
-        dist.all_gather(parts, work, group=group)
+        parts = [torch.empty_like(work) for _ in range(self.data_world)]
+        dist.all_gather(parts, work, group=None if self.mesh is None else self.mesh.get_group("data"))
         return torch.cat(parts).cpu()
 
     def context_sum(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
