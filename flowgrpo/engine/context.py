@@ -112,9 +112,12 @@ def enable(model, layout: Layout) -> None:
 
     for name, network in model.experts.items():
         if not getattr(network, "_cp_plan", None):
+            from flowgrpo.memory import context_parallel_families
+
             raise ConfigError(f"train.context_parallel={layout.context_size}: {type(network).__name__} ({name}) has no "
-                              "context-parallel plan in diffusers (Wan, FLUX.1, FLUX.2 and Qwen-Image have one); set "
-                              "train.context_parallel=1 and shard with FSDP2 alone")
+                              f"context-parallel plan in diffusers (the families that have one: "
+                              f"{', '.join(context_parallel_families())}); set train.context_parallel=1 and shard with "
+                              "FSDP2 alone")
         heads = int(getattr(network.config, "num_attention_heads", 0) or 0)
         ulysses = layout.context_size // layout.ring
         if heads and heads % ulysses:
