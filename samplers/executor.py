@@ -4,7 +4,8 @@
                      iteration=n)
 
 Every node of a level sits at the same σ, so each level is **one** batched velocity call (split into
-chunks of at most ``max_batch`` rows). Then each edge group of the step (tree.py) applies its kernel:
+chunks of at most ``max_batch`` rows); a side-lane node that is ahead of its level (a merged side step, a strided
+lane: tree.py) waits there without a forward, copied to the next level. Then each edge group of the step (tree.py) applies its kernel:
 ODE groups use the step's solver (DPM-Solver++(2M) gets every node's previous x̂0, SDE steps
 included; SA-Solver the previous two, and its noise comes from the node's step-noise stream); SDE groups draw x' = μ + s·ε, round it to the storage dtype, and — if the step is trained —
 score the stored x' with ``log_prob`` (ratio == 1 contract). Only trained transitions are stored.
@@ -197,7 +198,14 @@ class _Run:
             xs, vs = x, v
         else:
             xs, vs = x.index_select(0, par), v.index_select(0, par)
-        sigma, sigma_next = self.sig[i], self.sig[i + 1]
+        sigma, sigma_next = self.sig[i], self.sig[i + eg.span]
+        if eg.kind == "wait":  # ahead of its level: a copy, no forward
+            return self.place(x_next, rows, xs)
+        if eg.final_x0:  # the lane ends here, before the last level: its sample is this step's x̂0
+            x0 = data_prediction(xs, vs, sigma).to(self.dtype)
+            x0 = x0 if eg.fanout == 1 else x0.repeat_interleave(eg.fanout, 0)
+            if eg.kernel == "ode":
+                return self.place(x_next, rows, x0)
         if eg.kernel == "ode" and eg.solver == "sa_solver":
             out = self.sa_step(i, eg, xs, vs, hist, gens, par, rows["all_parents"])
             return self.place(x_next, rows, out.to(self.dtype))
@@ -207,6 +215,7 @@ class _Run:
                 out = ode_step(eg.solver, xs, vs, sigma, sigma_next)
             else:
                 out = ode_step(eg.solver, xs, vs, sigma, sigma_next, prev_sigma, prev_data.index_select(0, par))
+            out = out if eg.fanout == 1 else out.repeat_interleave(eg.fanout, 0)  # a side child's lanes start alike
             return self.place(x_next, rows, out.to(self.dtype))
         mean, std = get_kernel(eg.kernel)(xs, vs, sigma, sigma_next, eg.eta)
         noise = self.step_noise(eg, self.tpl.levels[i].node_id.tolist(), gens)
@@ -215,7 +224,7 @@ class _Run:
         if trained and self.rounded is not None:  # x' as the record keeps it, and so as it is scored and walked on
             drawn = drawn.to(self.rounded)
         stored = drawn.to(self.dtype).flatten(0, 1)  # [P·E·F, *latent], x' in its storage dtype
-        x_next = self.place(x_next, rows, stored)
+        x_next = self.place(x_next, rows, x0 if eg.final_x0 else stored)
         if not trained:
             return x_next
         F = eg.fanout
@@ -287,7 +296,12 @@ class _Run:
                 cond_rows = self.cond.repeat_interleave(n)
                 if self.rounded is not None and self.trains(i):  # the stored x, exactly as the velocity sees it
                     x = x.to(self.rounded).to(self.dtype)
-                v = call_velocity(self.velocity, x, self.sig[i], cond_rows, self.max_batch)
+                if level.active is None:
+                    v = call_velocity(self.velocity, x, self.sig[i], cond_rows, self.max_batch)
+                else:  # nodes ahead of the level wait: no forward, v = 0 (x̂0 = x keeps an ended lane's sample)
+                    act = _tile(level.active, n, P, self.device)
+                    va = call_velocity(self.velocity, x.index_select(0, act), self.sig[i], cond_rows[act], self.max_batch)
+                    v = va.new_zeros((x.shape[0],) + tuple(va.shape[1:])).index_copy_(0, act, va)
                 for category, count in level.category.items():
                     self.nfe.add(category, count * P)
                 x_next, gens, self.n_next = None, {}, len(nxt.node_id)
@@ -368,6 +382,7 @@ class _Run:
             node_parent=tpl.node_parent.clone(),
             node_depth=tpl.node_depth.clone(),
             node_group=tpl.node_group.clone(),
+            node_lanes=None if tpl.node_lanes is None else tpl.node_lanes.clone(),
             prompt_ids=torch.tensor(self.ids, dtype=torch.long),
             prompt_cond=self.cond.clone(),
             groups_per_prompt=tpl.groups_per_prompt,

@@ -65,6 +65,13 @@ class StepSpec:
     side_trained: bool = True
     side_loss_weight: float = 1.0
     side_category: str = "rollout"  # NFE category of side-lane forwards ("probe" for probes)
+    # E-GRPO's merged SDE step: the side step spans this many grid intervals, σ_i → σ_{i+span} in one draw (the side
+    # child then waits, without forwards, until the level whose σ its state is at)
+    side_span: int = 1
+    # the ODE tails each side child is finished with, one lane per stride (G²RPO's and E-GRPO's granularities): a
+    # lane steps σ_c → σ_{c+1}, then every ``stride`` grid points; each lane is its own advantage group and the side
+    # child's advantage is the sum of its lanes' z-scores
+    side_strides: tuple = (1,)
     sa_tau: float = 0.0  # SA-Solver's noise τ on this step (solver sa_solver; 0: deterministic)
     sa_predictor_order: int = 2  # SA-Solver's predictor order (1 or 2)
     sa_corrector_order: int = 2  # SA-Solver's corrector order (0 = none, 1 or 2), refining this step at the next
@@ -88,6 +95,11 @@ class StepSpec:
             )
         if self.side and self.side_kernel == "ode" and (self.side_trained or self.side > 1):
             raise ValueError("ode side children must be single (side=1) and untrained (probes)")
+        if self.side_span < 1:
+            raise ValueError(f"side_span must be ≥ 1, got {self.side_span}")
+        strides = tuple(int(g) for g in self.side_strides)
+        if not strides or min(strides) < 1 or len(set(strides)) != len(strides):
+            raise ValueError(f"side_strides must be distinct integers ≥ 1, got {list(self.side_strides)}")
         if not (self.sa_tau >= 0 and math.isfinite(self.sa_tau)):
             raise ValueError(f"sa_tau must be a finite number ≥ 0, got {self.sa_tau}")
         if self.sa_predictor_order not in SA_PREDICTOR_ORDERS or self.sa_corrector_order not in SA_CORRECTOR_ORDERS:
@@ -135,13 +147,19 @@ class Plan:
             raise ValueError(f"initial_noise must be one of {INITIAL_NOISE_MODES}")
         if self.leaf not in LEAVES:
             raise ValueError(f"leaf must be one of {LEAVES}, got {self.leaf!r}")
+        T = len(self.steps)
         for i, step in enumerate(self.steps):
+            if step.side and i + step.side_span > T:
+                raise ValueError(f"step {i} merges {step.side_span} grid intervals into its side step, past the last "
+                                 f"of the {T} steps; lower its side_merge to at most {T - i}")
             sigma, sigma_next = float(s32[i]), float(s32[i + 1])
-            for kernel, eta, what in ((step.kernel, step.eta, "eta"), (step.side_kernel if step.side else "ode",
-                                                                        step.side_eta, "side_eta")):
-                if kernel != "ode" and not self._finite(kernel, sigma, sigma_next, eta):
+            side_next = float(s32[min(i + step.side_span, T)])
+            for kernel, eta, what, to in ((step.kernel, step.eta, "eta", sigma_next),
+                                          (step.side_kernel if step.side else "ode", step.side_eta, "side_eta",
+                                           side_next)):
+                if kernel != "ode" and not self._finite(kernel, sigma, to, eta):
                     raise ValueError(
-                        f"step {i} ({kernel}, η={eta:g}, σ {sigma:.4g} → {sigma_next:.4g}): its mean or noise "
+                        f"step {i} ({kernel}, η={eta:g}, σ {sigma:.4g} → {to:.4g}): its mean or noise "
                         f"coefficients are not finite in float32, so its first sample would be NaN or inf; lower {what}")
             if step.trained and self._std(step.kernel, sigma, sigma_next, step.eta) <= 0:
                 raise ValueError(
@@ -149,13 +167,17 @@ class Plan:
                     "trained but has std 0 (no density); untrain it or raise η"
                 )
             if step.side and step.side_trained:
-                if self._std(step.side_kernel, sigma, sigma_next, step.side_eta) <= 0:
+                if self._std(step.side_kernel, sigma, side_next, step.side_eta) <= 0:
                     raise ValueError(f"step {i}: trained side children have std 0; raise side_eta")
         if any(s.side for s in self.steps) and any(s.solver == "sa_solver" for s in self.steps):
             raise ValueError(
                 "side lanes (TempFlow's branches) follow a deterministic ODE solver; use solver euler or dpmpp_2m "
                 "with side_steps, not sa_solver"
             )
+        if self.lanes_wait and any(s.solver != "euler" for s in self.steps):
+            raise ValueError(
+                "merged side steps (side_merge) and strided side lanes (side_strides) wait at levels without a "
+                "forward, so they keep no solver history: use solver euler")
         if self.train_subset is not None:
             if any(s.branch > 1 or s.side for s in self.steps):
                 raise ValueError(
@@ -177,14 +199,26 @@ class Plan:
     def _finite(kernel, sigma, sigma_next, eta) -> bool:
         return all(bool(torch.isfinite(c.float()).all()) for c in kernel_coefficients(kernel, sigma, sigma_next, eta))
 
+    @property
+    def lanes_wait(self) -> bool:
+        """Whether some side lane spans several grid intervals in one step (a merged side step, a stride > 1): its
+        nodes then wait at the levels in between, without a forward."""
+        return any(s.side and (s.side_span > 1 or max(s.side_strides) > 1) for s in self.steps)
+
     def node_count(self) -> int:
         """Nodes of one prompt's rollout tree (x_T included), in closed form from the steps: what the record stores
-        per prompt, known before the tree is built (``template_for`` enumerates them)."""
-        main, side, total = self.roots_per_prompt, 0, self.roots_per_prompt
-        for step in self.steps:
-            main, side = main * step.branch, side + main * step.side
-            total += main + side
-        return total
+        per prompt, known before the tree is built (``template_for`` enumerates them). A side child is one node a
+        level until its tails start (level i + span), then one per stride."""
+        T = len(self.steps)
+        main, total, side = self.roots_per_prompt, self.roots_per_prompt, [0] * (T + 1)
+        for i, step in enumerate(self.steps):
+            if step.side:
+                start = i + step.side_span
+                for level in range(i + 1, T + 1):
+                    side[level] += main * step.side * (len(step.side_strides) if level > start else 1)
+            main *= step.branch
+            total += main
+        return total + sum(side)
 
     @property
     def num_steps(self) -> int:
@@ -211,6 +245,8 @@ class Plan:
             text += f" w={st.loss_weight:.3g}" if st.trained and st.loss_weight != 1 else ""
             text += f" split×{st.branch} {st.split_noise}" if st.branch > 1 else ""
             text += f" side×{st.side} {st.side_kernel} w={st.side_loss_weight:.3g}" if st.side else ""
+            text += f" merged×{st.side_span}" if st.side and st.side_span > 1 else ""
+            text += f" strides {list(st.side_strides)}" if st.side and tuple(st.side_strides) != (1,) else ""
             lines.append(text)
         return "\n".join(lines)
 
@@ -267,6 +303,8 @@ def compose_plan(
     side_eta: float | None = None,
     side_weight: str = "none",
     side_weight_scale: float = 2.25,
+    side_merge: Sequence[int] = (),
+    side_strides: Sequence[int] = (1,),
     sa_tau: float = 0.0,
     sa_tau_window: Sequence[float] = (0.0, 1.0),
     sa_predictor_order: int = 2,
@@ -296,7 +334,11 @@ def compose_plan(
     - ``side_steps``/``side_children``/``side_kernel``/``side_eta``: TempFlow branch points;
       ``side_weight``: ``noise_aware`` multiplies each step's loss by c·σ_t(j)·√Δ_j (flow_sde's std
       with ``side_eta``, c = ``side_weight_scale``), ``noise_aware_mean_one`` rescales those weights
-      to mean one over the side steps.
+      to mean one over the side steps. ``side_merge`` (E-GRPO): one number per side step, in ``side_steps``' order,
+      the grid intervals its SDE step spans (σ_i → σ_{i+m} in one draw; empty: 1 each). ``side_strides`` (G²RPO,
+      E-GRPO): each side child is finished by one ODE lane per stride g (σ_c → σ_{c+1}, then every g grid points;
+      the lane's last point is σ = 0 when ``leaf`` is "sample", the last grid point it reaches when "predicted",
+      whose x̂0 is then its sample); each lane is an advantage group, the child's advantage their z-scores' sum.
     - ``sa_tau``/``sa_tau_window``/``sa_predictor_order``/``sa_corrector_order``: SA-Solver steps (``solver`` or
       ``post_window_solver`` = "sa_solver") draw noise τ = ``sa_tau`` where the point they step to, σ' (float32), lies
       in the window [lo, hi] (AWM: 0.4 in [0.3, 0.9], as its code evaluates τ at the time it steps to), else τ = 0.
@@ -316,6 +358,11 @@ def compose_plan(
     T = int(num_steps)
     splits_set = _step_set(splits, T, "split steps")
     side_set = _step_set(side_steps, T, "side-branch steps")
+    merges = [int(m) for m in side_merge]
+    if merges and len(merges) != len(list(side_steps)):
+        raise ValueError(f"side_merge gives {len(merges)} spans for {len(list(side_steps))} side_steps: give one per "
+                         "side step, in the same order, or none")
+    span_of = dict(zip((int(s) for s in side_steps), merges))
     if kernel == "ode" and (splits_set or window is not None):
         raise ValueError("an all-ODE main lane (kernel='ode') cannot have splits or an SDE window")
     if window is not None:
@@ -375,6 +422,8 @@ def compose_plan(
                 side_kernel=side_kernel,
                 side_eta=side_eta,
                 side_loss_weight=side_weights.get(i, 1.0),
+                side_span=span_of.get(i, 1),
+                side_strides=tuple(int(g) for g in side_strides),
                 sa_tau=float(sa_tau) if noisy else 0.0,
                 sa_predictor_order=sa_predictor_order,
                 sa_corrector_order=sa_corrector_order,
@@ -427,6 +476,8 @@ PLAN_RULES: dict[str, Rule] = {
     "side_eta": optional(at_least(0)),
     "side_weight": one_of(*SIDE_WEIGHTS),
     "side_weight_scale": at_least(0),
+    "side_merge": integers(1),
+    "side_strides": integers(1),
     "sa_tau": at_least(0),
     "sa_tau_window": interval(0.0, 1.0),
     "sa_predictor_order": one_of(*SA_PREDICTOR_ORDERS),

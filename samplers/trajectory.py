@@ -116,6 +116,9 @@ class Trajectory:
     # where and in what dtype the rollout computed its states (None: as stored); the latents may be stored otherwise
     latent_device: torch.device | None = None
     latent_dtype: torch.dtype | None = None
+    # [Nn] int64, the lanes whose z-scores a node's advantage sums (a side child finished at several strides, G²RPO's
+    # granularities); None: one each
+    node_lanes: torch.Tensor | None = None
 
     def latents(self, name: str, rows=None) -> torch.Tensor | None:
         """A latent field (``LATENT_FIELDS``: state, next_state, mean, leaf_state, root_state), rows ``rows``

@@ -12,7 +12,8 @@ One module holds every rule (docs/math.md §3 "Advantages", §2 BranchGRPO and T
 - ``assign``: the iteration's rule, applied to the rollout records: gather every process's rewards,
   combine, z-score, take tree values where the plan branches, filter best-of-N, clip, and hand each
   trained transition the advantage of its x' node (``Trajectory.transition_values``: for a chain its
-  leaf's, for a TempFlow side child its sibling group's, for a BranchGRPO edge its child node's).
+  leaf's, for a TempFlow side child its sibling group's — summed over its lanes where it is finished at several
+  strides, G²RPO's multi-granularity advantage — for a BranchGRPO edge its child node's).
 
 NaN rewards (a reward that did not apply or failed) stay NaN: they never enter a mean or std, and
 their transitions and samples are masked out of the loss.
@@ -91,6 +92,8 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
             t_adv, l_adv = node_adv[rec.prompt, rec.node], node_adv[rec.leaf_prompt, rec.leaf_node]
         else:  # chains and TempFlow siblings: the advantage of the leaf below x'
             t_adv, l_adv = rec.transition_values(leaf_adv[offset : offset + n]), leaf_adv[offset : offset + n]
+            if rec.node_lanes is not None:  # a side child finished at G strides: the sum of its lanes' z-scores
+                t_adv = t_adv * rec.node_lanes[rec.node].to(t_adv.dtype)
         if cfg.best_of_n:
             keep = best_of_n_mask(leaf_adv[offset : offset + n], rec.leaf_group, cfg.best_of_n)
             t_adv = torch.where(rec.transition_values(keep.float()) > 0.5, t_adv, torch.full_like(t_adv, float("nan")))
