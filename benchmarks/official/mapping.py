@@ -46,9 +46,31 @@ NONE_KINDS = {
 }
 
 
+ENTRY_FIELDS = {"key", "value", "keys", "part_of", "kind", "why"}  # what a map entry may hold
+
+
 @lru_cache(maxsize=None)
 def load_map(code: str) -> dict:
-    return yaml.safe_load((MAPS / f"{code}.yaml").read_text())
+    return check_fields(yaml.safe_load((MAPS / f"{code}.yaml").read_text()), code)
+
+
+def check_fields(table, code: str):
+    """``table`` (a map), refused when an entry holds a field no entry has: in a YAML flow mapping an unquoted comma in
+    a reason (``{kind: x, why: a, b}``) cuts the reason short and makes a key of the rest."""
+
+    def walk(node, path):
+        if not isinstance(node, dict):
+            return
+        if node.keys() & {"kind", "why", "key", "part_of"}:
+            extra = sorted(set(node) - ENTRY_FIELDS)
+            if extra:
+                raise ValueError(f"docs/official/map/{code}.yaml {path}: unknown field(s) {extra}; quote a reason "
+                                 "that holds a comma")
+        for k, v in node.items():
+            walk(v, f"{path}/{k}")
+
+    walk(table, "")
+    return table
 
 
 def codes() -> list[str]:

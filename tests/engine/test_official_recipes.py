@@ -129,3 +129,16 @@ def test_flow_grpo_on_sd35_rolls_out_on_the_schedulers_own_grid():
     assert [round(float(s), 4) for s in plan.sigmas[-4:]] == [0.4649, 0.278, 0.0089, 0.0]
     tiny_args, _ = resolved_plan(resolve("flow_grpo", None, []).config)
     assert tiny_args["grid"] == "linear"
+
+
+def test_a_reason_cut_short_by_an_unquoted_comma_is_refused():
+    """Every map loads (each entry holds known fields only); an unquoted comma in a flow mapping's reason, which YAML
+    reads as a second key, is refused with the file and the entry."""
+    import yaml
+
+    for code in mapping.codes():
+        load_map(code)
+    table = yaml.safe_load("none:\n  allow_tf32: {kind: hardware, why: TF32 matmuls, a speed setting}\n")
+    with pytest.raises(ValueError, match="allow_tf32: unknown field"):
+        mapping.check_fields(table, "x")
+    mapping.check_fields(yaml.safe_load('none:\n  a: {kind: hardware, why: "TF32, a speed setting"}\n'), "x")
