@@ -11,10 +11,11 @@ is typed by hand:
   that called it there), and returns the named locals of the config functions (``gpu_number``) too.
 - ``argparse_defaults``: every ``add_argument`` of a training script (DanceGRPO, MixGRPO, BranchGRPO), by AST.
 - ``dataclass_defaults``: the fields of a config dataclass (SAGE-GRPO's ``TrainingConfig``), by AST.
-- ``yaml_values``: every leaf of a hydra / OmegaConf YAML launch (UniRL), each at its key's line, its
-  interpolations resolved as a run without environment variables resolves them.
+- ``yaml_values``: every leaf of a hydra / OmegaConf YAML launch (UniRL, VisualGRPO), each at its key's line, its
+  interpolations resolved as a run without environment variables resolves them (scalars as OmegaConf reads them on
+  request: ``1e-5`` a float).
 - ``shell_arguments``: the ``--flag value`` pairs of a launch script's training command, with shell variables
-  substituted, each at its line.
+  substituted, each at its line; ``hydra_overrides``: the ``key=value`` hydra overrides of one (VisualGRPO).
 - ``code_fact``: a hard-coded constant or call argument, found by a regular expression in a named file, which must
   match exactly once (a moved or changed constant fails the extraction instead of going stale).
 
@@ -324,10 +325,11 @@ class ShellCommand:
     variables: dict[str, tuple[str, int]]
 
 
-def shell_arguments(checkout: Checkout, script: str, marker: str) -> ShellCommand:
-    """The command of ``script`` whose text contains ``marker`` (e.g. the training script's file name), with its
-    backslash continuations joined and ``$VAR`` / ``${VAR}`` replaced by the script's own earlier ``VAR=value``
-    assignments (``export`` included). Exactly one command may contain the marker."""
+def _command_tokens(checkout: Checkout, script: str,
+                    marker: str) -> tuple[int, list[tuple[str, int]], dict[str, tuple[str, int]]]:
+    """(first line, [(token, line)], the script's variables) of the one command of ``script`` that contains
+    ``marker``: backslash continuations joined, comments, lone closing quotes and the output's route (a pipe, a list
+    operator, a redirection and what follows) left out; tokens are not substituted yet."""
     lines = checkout.file(script).read_text().splitlines()
     variables: dict[str, tuple[str, int]] = {}
     commands: list[tuple[int, list[tuple[str, int]]]] = []
@@ -365,6 +367,14 @@ def shell_arguments(checkout: Checkout, script: str, marker: str) -> ShellComman
     # the command ends at a pipe, a list operator or a redirection (... --flag v 2>&1 | tee log): its output's route
     ends = [i for i, (token, _) in enumerate(tokens) if re.match(r"^(\||&&|;|&|\d*[<>])", token)]
     tokens = tokens[: ends[0]] if ends else tokens
+    return start, tokens, variables
+
+
+def shell_arguments(checkout: Checkout, script: str, marker: str) -> ShellCommand:
+    """The command of ``script`` whose text contains ``marker`` (e.g. the training script's file name), with its
+    backslash continuations joined and ``$VAR`` / ``${VAR}`` replaced by the script's own earlier ``VAR=value``
+    assignments (``export`` included). Exactly one command may contain the marker."""
+    start, tokens, variables = _command_tokens(checkout, script, marker)
     program, flags, k = [], {}, 0
     # the program: every token up to the marker where the marker is a token of its own (a launcher's flags, e.g.
     # torchrun --nnodes N script.py, stay in it, unsubstituted), else the tokens before the first flag
@@ -399,6 +409,74 @@ def _substitute(text: str, variables: dict[str, tuple[str, int]]) -> str:
         return variables[name][0]
 
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", replace, text)
+
+
+@dataclass(frozen=True)
+class HydraCommand:
+    """The training command of a launch script that passes hydra overrides: its program tokens up to the marker
+    (substituted: ``torchrun --nproc_per_node=8 fastvideo/train.py``) and {key: (value text, line)} of its
+    ``key=value`` overrides, a config group's choice (``algorithm=grpo_merge``) among them."""
+
+    program: list[str]
+    overrides: dict[str, tuple[str, int]]
+    line: int
+    variables: dict[str, tuple[str, int]]
+
+
+def hydra_overrides(checkout: Checkout, script: str, marker: str) -> HydraCommand:
+    """The ``key=value`` hydra overrides of the command of ``script`` that contains ``marker`` as a token of its own
+    (the training script), with the script's variables substituted, each at its line. Only plain overrides are read:
+    ``+key``, ``++key``, ``~key`` and a flag (``--cfg``, ``-m``) after the marker are refused."""
+    start, tokens, variables = _command_tokens(checkout, script, marker)
+    marked = [i for i, (token, _) in enumerate(tokens) if token == marker]
+    if len(marked) != 1:
+        raise ExtractionError(f"{script}:{start}: {marker!r} is not one token of the command")
+    program = [_substitute(token, variables) for token, _ in tokens[: marked[0] + 1]]
+    overrides: dict[str, tuple[str, int]] = {}
+    for token, line in tokens[marked[0] + 1:]:
+        match = re.match(r"^([A-Za-z_][\w.]*)=(.*)$", token)
+        if match is None:
+            raise ExtractionError(f"{script}:{line}: {token!r} is not a plain hydra override key=value")
+        if match.group(1) in overrides:
+            raise ExtractionError(f"{script}:{line}: {match.group(1)} is overridden twice")
+        overrides[match.group(1)] = (_substitute(match.group(2), variables).strip("\"'"), line)
+    return HydraCommand(program, overrides, start, variables)
+
+
+def omegaconf_scalar(text: str):
+    """A value as OmegaConf's YAML loader reads it (``1e-5`` a float, which PyYAML's YAML 1.1 rule keeps a string)."""
+    import yaml
+
+    return yaml.load(text, Loader=_omegaconf_loader())
+
+
+def _omegaconf_loader():
+    """PyYAML's SafeLoader with OmegaConf's float rule and without timestamps (omegaconf/_yaml.py get_yaml_loader, the
+    loader hydra reads its configs with): a number with an exponent and no dot (``1e-5``) is a float."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(
+            """^(?:
+         [-+]?[0-9]+(?:_[0-9]+)*\\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
+        |\\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
+        |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\\.[0-9_]*
+        |[-+]?\\.(?:inf|Inf|INF)
+        |\\.(?:nan|NaN|NAN))$""",
+            re.X,
+        ),
+        list("-+0123456789."),
+    )
+    Loader.yaml_implicit_resolvers = {
+        key: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for key, resolvers in Loader.yaml_implicit_resolvers.items()
+    }
+    return Loader
 
 
 def typed(text: str | None, kind: str):
@@ -439,19 +517,23 @@ def argparse_launch(checkout: Checkout, script: str, launcher: str, marker: str,
 _INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
 
 
-def yaml_values(checkout: Checkout, relpath: str) -> dict[str, Value]:
+def yaml_values(checkout: Checkout, relpath: str, *, omegaconf: bool = False,
+                skip: tuple[str, ...] = ()) -> dict[str, Value]:
     """Every leaf of the YAML file ``relpath`` (a hydra / OmegaConf config) as {dotted key: Value}, each at the line
     of its key: mappings are walked (an empty one is a leaf), a list is a leaf. OmegaConf interpolations are resolved
     as a run with no environment variable set resolves them: ``${oc.env:NAME,default}`` to its default (text, or None
     for ``null``), ``${oc.decode:text}`` to the YAML value of the text, ``${a.b}`` (absolute) and ``${..b}``
     (relative: each dot past the first one level up) to the value they name; one that names a whole section
     (``${sampling}``) stays its text. A resolved value's source names the interpolation. Merge keys and other
-    resolvers are refused."""
+    resolvers are refused. ``omegaconf``: scalars as OmegaConf's loader reads them (``1e-5`` a float: a file hydra
+    loads), not PyYAML's YAML 1.1 rule. ``skip``: top-level keys not read (a hydra config's ``defaults`` list and its
+    ``hydra`` section, which configure the composition, not the run)."""
     import yaml
 
     text = checkout.file(relpath).read_text()
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
-    data = yaml.safe_load(text)
+    loader = _omegaconf_loader() if omegaconf else yaml.SafeLoader
+    root = yaml.compose(text, Loader=loader)
+    data = yaml.load(text, Loader=loader)
     if not isinstance(root, yaml.MappingNode):
         raise ExtractionError(f"{relpath}: not a YAML mapping")
     raw: dict[str, tuple[Any, int]] = {}
@@ -461,6 +543,8 @@ def yaml_values(checkout: Checkout, relpath: str) -> dict[str, Value]:
             if key_node.value == "<<":
                 raise ExtractionError(f"{relpath}:{key_node.start_mark.line + 1}: merge keys are not read")
             dotted = f"{prefix}{key_node.value}"
+            if not prefix and dotted in skip:
+                continue
             if isinstance(child, yaml.MappingNode) and child.value:
                 walk(child, value[key_node.value], dotted + ".")
             else:
@@ -491,7 +575,7 @@ def yaml_values(checkout: Checkout, relpath: str) -> dict[str, Value]:
                 default = body[len("oc.env:"):].partition(",")[2].strip()
                 result = None if default in ("", "null") else default
             elif body.startswith("oc.decode:"):
-                result = yaml.safe_load(body[len("oc.decode:"):])
+                result = yaml.load(body[len("oc.decode:"):], Loader=loader)
             elif ":" in body:
                 raise ExtractionError(f"{relpath}: {here} uses the resolver {body.split(':')[0]!r}, which is not read")
             else:

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from official import Checkout, ExtractionError, write_data  # noqa: E402
 
-CODES = ("flow_grpo", "diffusion_nft", "awm", "dgpo", "dancegrpo", "mixgrpo", "branchgrpo", "sage", "unirl", "papers", "flow_factory")
+CODES = ("flow_grpo", "diffusion_nft", "awm", "dgpo", "dancegrpo", "mixgrpo", "branchgrpo", "sage", "unirl", "papers",
+         "flow_factory", "visualgrpo")
 
 
 def module(code: str):

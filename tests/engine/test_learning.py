@@ -70,8 +70,9 @@ def test_every_preset_raises_the_reward(preset, tmp_path):
 
 # the controls run once per learner and per credit rule (not per preset: every preset keeps its learning test above):
 # the transition learner with a chain's group z-scores, a tree's depth-wise values (BranchGRPO), its leaves' z-scores
-# carried up (TreeGRPO) and TempFlow's siblings, and the four forward-process learners
-CONTROLS = ["flow_grpo", "branchgrpo", "treegrpo", "tempflow", "diffusion_nft", "awm", "dgpo", "crd"]
+# carried up (TreeGRPO), TempFlow's siblings and their sum over strided lanes (E-GRPO's merged steps and G²RPO's
+# granularities), and the four forward-process learners
+CONTROLS = ["flow_grpo", "branchgrpo", "treegrpo", "tempflow", "egrpo", "diffusion_nft", "awm", "dgpo", "crd"]
 
 
 def test_the_controls_cover_every_learner_and_credit_rule():
@@ -81,8 +82,10 @@ def test_the_controls_cover_every_learner_and_credit_rule():
         plan = samplers.build_schedule(dict(cfg.sampling.plan), dict(cfg.sampling.window) or None).plan(0)
         learners.add(cfg.learner.name)
         tree = f"tree-{cfg.advantage.tree_norm}"
-        rules.add(tree if plan.branches else "siblings" if any(s.side for s in plan.steps) else "group")
-    assert learners == set(LEARNERS) and rules == {"group", "tree-depth", "tree-leaves", "siblings"}
+        lanes = any(s.side and len(s.side_strides) > 1 for s in plan.steps)
+        rules.add(tree if plan.branches else "lanes" if lanes else "siblings" if any(s.side for s in plan.steps)
+                  else "group")
+    assert learners == set(LEARNERS) and rules == {"group", "tree-depth", "tree-leaves", "siblings", "lanes"}
 
 
 @pytest.mark.parametrize("preset", CONTROLS)
