@@ -89,6 +89,8 @@ class AdvantageConfig:
     eps: float = key(above(0), 1e-4)  # added to the std
     std_correction: int = key(one_of(0, 1), 0)  # the std divides by n − this: 0 the population's (Flow-GRPO's np.std), 1 torch.std's (DanceGRPO, MixGRPO)
     clip: float = key(above(0), 5.0)  # advantages are clipped to [-clip, clip]
+    # V-GRPO's soft clip: A ← η·tanh(A/η) before the clip (0 = off); it bounds the rare extreme z-scores smoothly
+    soft_clip: float = key(at_least(0), 0.0)
     # several rewards: gdpo (z-score each in its group, weighted sum, z-score the sum) | zsum (the same sum, not
     # z-scored again: MixGRPO's) | sum (weighted sum of raw rewards, then the group z-score: DiffusionNFT's, Flow-GRPO's)
     multi_reward: str = key(one_of("gdpo", "zsum", "sum"), "gdpo")

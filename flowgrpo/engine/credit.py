@@ -8,6 +8,7 @@ One module holds every rule (docs/math.md §3 "Advantages", §2 BranchGRPO and T
 - ``tree_advantages`` / ``path_weighted_values``: BranchGRPO's depth-wise advantages of node values; with
   ``tree_norm="leaves"`` TreeGRPO's instead: the leaves' group z-scores carried up the tree (a node's advantage is
   the mean, or path-weighted mean, of its descendant leaves' advantages), never normalised again per depth;
+- ``_bounded``: V-GRPO's soft clip η·tanh(A/η) (``advantage.soft_clip``), then the clip to ±``advantage.clip``;
 - ``best_of_n_mask``: DanceGRPO's best-of-N filter (Pref-GRPO's pairwise win rates are the VLM judge's, rewards/vlm.py);
 - ``assign``: the iteration's rule, applied to the rollout records: gather every process's rewards,
   combine, z-score, take tree values where the plan branches, filter best-of-N, clip, and hand each
@@ -104,14 +105,22 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
         tied_t.append(rec.transition_values(mine.float()) > 0.5)
         l_adv = torch.where(mine & ~torch.isnan(l_adv), torch.zeros_like(l_adv), l_adv)
         t_adv = torch.where(tied_t[-1] & ~torch.isnan(t_adv), torch.zeros_like(t_adv), t_adv)
-        out.append(t_adv.clamp(-cfg.clip, cfg.clip))
-        leaves.append(l_adv.clamp(-cfg.clip, cfg.clip))
+        out.append(_bounded(t_adv, cfg))
+        leaves.append(_bounded(l_adv, cfg))
         offset += n
     stats.update({"advantage/mean": float(torch.nanmean(leaf_adv_all)),
                   "advantage/abs_mean": float(torch.nanmean(leaf_adv_all.abs())),
                   "all_rewards": all_r, "leaf_rewards": local_rewards, "leaf_advantages": leaf_adv})
     skip = cfg.tied_groups == "skip"
     return Advantages(out, leaves, tied_t if skip else None, tied_l if skip else None), stats
+
+
+def _bounded(adv: torch.Tensor, cfg) -> torch.Tensor:
+    """The advantage as it trains: V-GRPO's soft clip η·tanh(A/η) (``advantage.soft_clip`` η > 0), then the clip to
+    ±``advantage.clip`` (NaN stays NaN)."""
+    if cfg.soft_clip > 0:
+        adv = cfg.soft_clip * torch.tanh(adv / cfg.soft_clip)
+    return adv.clamp(-cfg.clip, cfg.clip)
 
 
 def _group_stats(values: torch.Tensor, groups: torch.Tensor,

@@ -535,7 +535,7 @@ def test_treegrpo_carries_the_leaves_z_scores_up_without_normalising_per_depth()
     rewards = torch.tensor(LEAVES[0] + LEAVES[1]).unsqueeze(1)
     cfg = SimpleNamespace(multi_reward="gdpo", eps=1e-4, std_correction=0, std="group", diversity=False,
                           tree_value="mean", tree_beta=1.0, tree_norm="leaves", best_of_n=0, clip=5.0,
-                          tied_groups="train")
+                          tied_groups="train", soft_clip=0.0)
 
     def step0(norm):
         cfg.tree_norm = norm
@@ -645,3 +645,30 @@ def test_best_of_n_mask_never_picks_a_nan_advantage_as_a_top_sample():
     # slot from the real best sample (index 3, advantage 2)
     adv = torch.tensor([0.5, NAN, -1.0, 2.0])
     assert best_of_n_mask(adv, torch.zeros(4, dtype=torch.long), 2).tolist() == [False, False, True, True]
+
+
+def test_the_soft_clip_bounds_advantages_smoothly_before_the_clip():
+    """advantage.soft_clip η (V-GRPO stage 1: η = 3): A' = η·tanh(A/η), then the clamp at ±clip. A chain group's
+    leaves with rewards 0, 0, 0, 0, 0, 0, 0, 10 have population z-scores −1/√7 (seven) and √7 = 2.6458 (one): 3·tanh(·/3)
+    gives −0.3760 and 2.1221 by hand; a tiny clip still clamps after it; η = 0 leaves the z-scores as they are."""
+    from types import SimpleNamespace
+
+    from flowgrpo.engine import credit
+    from samplers import compose_plan, rollout
+
+    rec = rollout(lambda x, s, c: x * 0.5, compose_plan(2, group_size=8), prompt_ids=[0], latent_shape=(2,),
+                  seed=0).bookkeeping_on_cpu()
+    rewards = torch.tensor([0.0] * 7 + [10.0]).unsqueeze(1)
+
+    def leaves(soft, clip=5.0):
+        cfg = SimpleNamespace(multi_reward="gdpo", eps=0.0, std_correction=0, std="group", diversity=False,
+                              tree_value="mean", tree_beta=1.0, tree_norm="depth", best_of_n=0, clip=clip,
+                              tied_groups="train", soft_clip=soft)
+        adv, _ = credit.assign([rec], [[0]], rewards, torch.ones(1), cfg, False, lambda t: t, 0)
+        return adv.leaves[0]
+
+    z = torch.tensor([-1 / math.sqrt(7)] * 7 + [math.sqrt(7)])
+    close(leaves(0.0), z)
+    close(leaves(3.0), 3 * torch.tanh(z / 3))
+    close(leaves(3.0)[-1], 2.1221, rtol=1e-4)
+    close(leaves(3.0, clip=1.0), (3 * torch.tanh(z / 3)).clamp(-1, 1))

@@ -163,7 +163,7 @@ def test_a_side_childs_advantage_is_the_sum_of_its_lanes_z_scores():
     rewards = torch.randn(rec.num_leaves, 1, generator=g, dtype=torch.float64).float()
     cfg = SimpleNamespace(multi_reward="gdpo", eps=1e-8, std_correction=1, std="group", diversity=False,
                           tree_value="mean", tree_beta=1.0, tree_norm="depth", best_of_n=0, clip=5.0,
-                          tied_groups="train")
+                          tied_groups="train", soft_clip=0.0)
     adv, _ = credit.assign([rec], [[0]], rewards, torch.ones(1), cfg, False, lambda t: t, 0)
     r = rewards[:, 0].double()
     for t in range(rec.num_transitions):
