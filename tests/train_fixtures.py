@@ -158,6 +158,7 @@ TINY_PRESETS = {
     "vgrpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
     "crd": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "learner.train_times": 2},
     "g2rpo": {"sampling.plan.num_steps": 4, "sampling.plan.side_steps": "[0,1]", "sampling.plan.side_children": 2},
+    "op_grpo": {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4},
     "egrpo": {"sampling.plan.num_steps": 6, "sampling.plan.side_steps": "[1,2]", "sampling.plan.side_merge": "[2,1]",
               "sampling.plan.side_children": 2},
 }

@@ -17,7 +17,10 @@ Runs (the paper's tables and the README's launch scripts):
 - ``grpo_guard``: config/grpo_guard.py's three SD3.5-M runs (scripts/multi_node/sd3_grpo_guard.sh,
   scripts/train_sd3_GRPO_Guard.py): GRPO-Guard's code is in this repository;
 - ``tempflow``: TempFlow-GRPO has no public code; its paper builds on Flow-GRPO's SD3.5-M training, so its launches
-  are Flow-GRPO's three SD3 runs, and the keys of its own method are listed as differences in the map.
+  are Flow-GRPO's three SD3 runs, and the keys of its own method are listed as differences in the map;
+- ``op_grpo``: OP-GRPO (arXiv 2604.04142) has no public code; its paper builds on Flow-GRPO's SD3.5-M training, so its
+  launches are Flow-GRPO's three SD3 runs; its own method (off-policy replay, flowgrpo's ``learner.replay``) has no
+  Flow-GRPO key.
 
 Every config's batch arithmetic uses a local ``gpu_number`` (its value is recorded as the ``gpu_number`` key).
 """
@@ -31,7 +34,7 @@ from official import Checkout, ExtractionError, Launch, Value, code_fact, trace_
 
 REPOSITORY = "yifan123/flow_grpo"
 ENV = "FLOW_GRPO_PATH"
-PRESETS = ("flow_grpo", "flow_grpo_fast", "grpo_guard", "tempflow")
+PRESETS = ("flow_grpo", "flow_grpo_fast", "grpo_guard", "tempflow", "op_grpo")
 
 SDE = "flow_grpo/diffusers_patch/sd3_sde_with_logprob.py"
 TRACKER = "flow_grpo/stat_tracking.py"
@@ -76,12 +79,19 @@ RUNS = {
         "geneval_sd3_rationorm": ("config/grpo_guard.py", GUARD, "sd3_5_medium", ["geneval"]),
     },
     "tempflow": {k: FLOW_GRPO_RUNS[k] for k in ("geneval_sd3", "general_ocr_sd3", "pickscore_sd3")},
+    "op_grpo": {k: FLOW_GRPO_RUNS[k] for k in ("geneval_sd3", "general_ocr_sd3", "pickscore_sd3")},
 }
 
 NOTES = {
     "tempflow": "TempFlow-GRPO has no public code (Shredded-Pork/TempFlow-GRPO holds its README only); its paper builds "
                 "on Flow-GRPO's SD3.5-M training, whose launches these are. Its own method (ODE trunk, branch steps, "
                 "noise-aware weights) is listed as differences in docs/official/map/flow_grpo.yaml.",
+    "op_grpo": "OP-GRPO has no public code (its paper, arXiv 2604.04142, \"OP-GRPO: Efficient Off-Policy GRPO for "
+               "Flow-Matching Models\", Zhejiang University / Huawei, is all there is); its paper builds on Flow-GRPO's "
+               "SD3.5-M training (it reports results comparable to or better than Flow-GRPO's with 34.2% of the "
+               "training steps), whose launches these are. Its own method (a replay buffer of selected high-quality "
+               "trajectories, a sequence-level importance weight, late steps truncated: flowgrpo's learner.replay) "
+               "has no Flow-GRPO key.",
     "grpo_guard": "GRPO-Guard's code: config/grpo_guard.py and scripts/train_sd3_GRPO_Guard.py (merged 2025-11-04).",
 }
 

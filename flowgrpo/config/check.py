@@ -62,6 +62,13 @@ def validate(cfg: Config) -> None:
             "nothing to train; use an SDE plan (e.g. --preset flow_grpo) or a forward-process learner "
             "(--preset diffusion_nft, awm or dgpo)"
         )
+    if cfg.learner.replay.per_group > 0:
+        if cfg.learner.name != "transition":
+            raise ConfigError(f"learner.replay replays stored SDE transitions, which learner.name={cfg.learner.name} "
+                              "does not train on; use the transition learner or set learner.replay.per_group=0")
+        if plan.get("splits") or plan.get("side_steps") or plan.get("branch_window"):
+            raise ConfigError("learner.replay keeps whole samples with their own transitions, and a tree's (splits, "
+                              "side_steps, branch_window) share theirs; use a chain plan or set learner.replay.per_group=0")
     solvers = {plan.get("solver"), plan.get("post_window_solver") if plan.get("post_window_ratio") else None}
     if cfg.learner.name == "transition" and "sa_solver" in solvers and plan.get("sa_tau", 0) > 0:
         raise ConfigError(

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from flowgrpo.models.config import ModelConfig
-from samplers.rules import FINITE, FLAG, MAPPING, TEXT, Rule, above, at_least, between, is_number, one_of, optional
+from samplers.rules import FINITE, FLAG, MAPPING, TEXT, Rule, above, at_least, between, in_open_closed, is_number, one_of, optional
 
 
 # what each key takes: the constructors of samplers/rules.py, shared with the plan's and the window's own rules
@@ -195,6 +195,18 @@ class CRDConfig:
 
 
 @dataclass
+class ReplayConfig:
+    # OP-GRPO's off-policy replay (the transition learner, chain plans; flowgrpo/engine/learners/replay.py): after each
+    # iteration the best per_group samples of every group with a positive advantage are kept for `age` iterations and
+    # trained again beside the fresh ones, their log-probs recomputed under θ_old and their policy term weighed by the
+    # sequence-level importance weight min(max_weight, exp Σ_k (lp_now − lp_behaviour)) over their kept steps
+    per_group: int = key(at_least(0), 0)  # samples kept per group (0 = off)
+    age: int = key(at_least(1), 1)  # iterations a kept sample is replayed in
+    steps: float = key(in_open_closed(0, 1), 0.5)  # the share of the plan's steps a kept sample keeps (the first ones)
+    max_weight: float = key(above(0), 2.0)  # the cap of the importance weight
+
+
+@dataclass
 class LearnerConfig:
     # the update rule (flowgrpo/engine/learners/): transition (the denoising-MDP GRPO loss on stored SDE transitions,
     # docs/math.md §3: every plan preset) | diffusion_nft | awm | dgpo (forward-process learners on the clean samples, §5)
@@ -222,6 +234,7 @@ class LearnerConfig:
     awm: AWMConfig = field(default_factory=AWMConfig)
     dgpo: DGPOConfig = field(default_factory=DGPOConfig)
     crd: CRDConfig = field(default_factory=CRDConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
 
 @dataclass

@@ -6,7 +6,8 @@ A checkpoint (``checkpoints/step_<n>/``, written atomically by flowgrpo/run/chec
                         ``anchor.*``); a sharded run writes them as ``tensors/``, each process its rows
   state.json            the iteration, optimizer steps and hyper-parameters, the plan schedule's state (a
                         moving window's position), the NFE counters, the learner's state (SAGE's adaptive KL
-                        weight; process 0's in a multi-process run) and the resolved config
+                        weight; process 0's in a multi-process run) and the resolved config; the transition
+                        learner's replay buffer (every process's samples) is in the tensors as ``replay.*``
   model/                the evaluation weights (the EMA when kept) as diffusers writes them: a LoRA file
                         (``pipe.load_lora_weights``) or the transformer folder
 Every random draw is a pure function of (seed, iteration, prompt slot, node), and the learning rate a
@@ -24,15 +25,15 @@ from flowgrpo.run.checkpoint import (
 
 def save(cfg, policy, schedule, iteration: int, evaluation_copy, config_yaml: str, learner=None) -> None:
     """Write ``checkpoints/step_<iteration>`` of the run and keep the newest ``log.keep_checkpoints``."""
+    learner_state, learner_tensors = learner.checkpoint() if learner is not None else ({}, {})
     state = {"iteration": iteration, **policy.state_dict(), "schedule": schedule.state_dict(),
-             "nfe": policy.nfe.state_dict(), "config": config_yaml,
-             "learner": learner.state_dict() if learner is not None else {}}
+             "nfe": policy.nfe.state_dict(), "config": config_yaml, "learner": learner_state}
 
     def evaluation_weights(tmp):  # model/: LoRA (diffusers format) or full weights, EMA if kept
         policy.export(tmp / "model", evaluation_copy)
 
-    save_checkpoint(cfg.run_dir / "checkpoints" / f"step_{iteration}", policy.state_tensors(), state,
-                    extra=evaluation_weights)
+    save_checkpoint(cfg.run_dir / "checkpoints" / f"step_{iteration}", {**policy.state_tensors(), **learner_tensors},
+                    state, extra=evaluation_weights)
     if policy.rank == 0:
         prune_checkpoints(cfg.run_dir, cfg.log.keep_checkpoints)
 
@@ -51,7 +52,7 @@ def resume(cfg, policy, schedule, learner=None):
     schedule.load_state_dict(state["schedule"])
     policy.nfe.load_state_dict(state["nfe"])
     if learner is not None:
-        learner.load_state_dict(state.get("learner", {}))
+        learner.restore(state.get("learner", {}), tensors)
     return newest, state["iteration"]
 
 

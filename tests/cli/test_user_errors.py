@@ -115,6 +115,12 @@ TRAINING = [
     (["train.context_parallel=2", "train.context_parallel_ring=2"], r"ring attention merges partial attentions by their "
                                                                     r"log-sum-exp, .*train.context_parallel_ring=1 "
                                                                     r"\(Ulysses alone\)$"),
+    # off-policy replay where it cannot replay (tests/engine/test_replay.py)
+    (["learner.replay.per_group=1"], r"learner.replay replays stored SDE transitions, which "
+                                     r"learner.name=diffusion_nft does not train on; .*set learner.replay.per_group=0$"),
+    (["--preset", "branchgrpo", "learner.replay.per_group=1"], r"learner.replay keeps whole samples with their own "
+                                                               r"transitions, .*use a chain plan or set "
+                                                               r"learner.replay.per_group=0$"),
     (["sampling.plan.group_size=4096", "sampling.plan.num_steps=1000"],
      r"holds [0-9,]+ states per rollout batch .*more than 1,048,576: it cannot finish in memory or in any sensible "
      r"time; lower those"),
@@ -270,7 +276,8 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "sampling.method is gone", "is called 'dancegrpo' now", "states per rollout batch",
                      "the launch started", "the policy's samples are NaN or inf", "merges a LoRA adapter",
                      "compiles the blocks of a diffusers transformer", "splits a diffusers transformer's token",
-                     "must divide the launch's", "ring attention merges partial attentions"):
+                     "must divide the launch's", "ring attention merges partial attentions",
+                     "replays stored SDE transitions", "keeps whole samples with their own transitions"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
 

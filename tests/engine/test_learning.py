@@ -71,8 +71,8 @@ def test_every_preset_raises_the_reward(preset, tmp_path):
 # the controls run once per learner and per credit rule (not per preset: every preset keeps its learning test above):
 # the transition learner with a chain's group z-scores, a tree's depth-wise values (BranchGRPO), its leaves' z-scores
 # carried up (TreeGRPO), TempFlow's siblings and their sum over strided lanes (E-GRPO's merged steps and G²RPO's
-# granularities), and the four forward-process learners
-CONTROLS = ["flow_grpo", "branchgrpo", "treegrpo", "tempflow", "egrpo", "diffusion_nft", "awm", "dgpo", "crd"]
+# granularities), the transition learner's replay of earlier samples (OP-GRPO), and the four forward-process learners
+CONTROLS = ["flow_grpo", "branchgrpo", "treegrpo", "tempflow", "egrpo", "op_grpo", "diffusion_nft", "awm", "dgpo", "crd"]
 
 
 def test_the_controls_cover_every_learner_and_credit_rule():

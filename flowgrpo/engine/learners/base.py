@@ -171,6 +171,16 @@ class Learner:
     def load_state_dict(self, state: dict) -> None:
         """Put back what ``state_dict`` gave."""
 
+    def checkpoint(self) -> tuple[dict, dict]:
+        """(state for the checkpoint's state.json, tensors for its tensor files): ``state_dict`` and no tensors, but for
+        a learner that carries samples across iterations (the transition learner's replay buffer). Every process calls
+        it."""
+        return self.state_dict(), {}
+
+    def restore(self, state: dict, tensors: dict) -> None:
+        """Put back what ``checkpoint`` gave (``tensors``: the checkpoint's, by name)."""
+        self.load_state_dict(state)
+
     def describe(self, leaves_per_prompt: int, trained_per_prompt: int) -> str:
         """The start-up line that says what this learner trains per sample and per iteration."""
         raise NotImplementedError

@@ -21,6 +21,7 @@ import samplers
 from flowgrpo import likelihood
 from flowgrpo.models.copies import refresh_every
 from flowgrpo.engine.learners.base import Learner, Rollouts, Step, deal_samples, seeded_permutation
+from flowgrpo.engine.learners.replay import ReplayBuffer
 from flowgrpo.engine.loss import SageKLWeight, clipped_policy_loss, gaussian_kl, kl_masked_policy_loss, step_weights
 from flowgrpo.engine.policy import REFERENCE
 from samplers.grids import STREAM_UPDATE_ORDER
@@ -37,6 +38,7 @@ class TransitionRow:
     group: int  # global advantage group (prompt slot · groups per prompt + local group)
     slot: int  # the prompt slot of the iteration
     coef: float = 0.0  # its share of the iteration's loss (1 / (group's transitions · groups) or 1 / transitions)
+    replayed: float = 0.0  # a replayed sample's importance weight (learner.replay; already in ``weight``), 0: fresh
 
 
 # a sharded process without a transition this iteration trains this zero-weight stand-in (its loss times 0)
@@ -69,6 +71,15 @@ class TransitionLearner(Learner):
         self.anchor = policy.copy("anchor", refresh_every(loss.anchor_refresh)) if loss.anchor_kl_coef > 0 else None
         # SAGE's adaptive weight of its two KL terms (loss.anchor_kl_schedule=sage), one report per trained transition
         self.kl_weight = SageKLWeight(loss.anchor_kl_coef, loss.anchor_kl_min) if loss.anchor_kl_schedule == "sage" else None
+        # OP-GRPO's off-policy replay of the best samples of earlier iterations (learners/replay.py)
+        self.replay = None
+        if cfg.learner.replay.per_group > 0:
+            if policy.sharding is not None:
+                from flowgrpo.run.errors import ConfigError
+
+                raise ConfigError("learner.replay keeps its samples whole in the checkpoint, which a sharded (FSDP2) "
+                                  "run does not write yet: set learner.replay.per_group=0 or launch unsharded")
+            self.replay = ReplayBuffer(cfg.learner.replay, policy.rank, policy.world)
 
     def state_dict(self) -> dict:
         return {"kl_weight": self.kl_weight.state_dict()} if self.kl_weight is not None else {}
@@ -76,6 +87,18 @@ class TransitionLearner(Learner):
     def load_state_dict(self, state: dict) -> None:
         if self.kl_weight is not None and "kl_weight" in state:
             self.kl_weight.load_state_dict(state["kl_weight"])
+
+    def checkpoint(self) -> tuple[dict, dict]:
+        state, tensors = self.state_dict(), {}
+        if self.replay is not None:  # every process's kept samples (a collective: every process calls it)
+            meta, tensors = self.replay.state()
+            state["replay"] = {"entries": meta, "world": self.policy.world}
+        return state, tensors
+
+    def restore(self, state: dict, tensors: dict) -> None:
+        self.load_state_dict(state)
+        if self.replay is not None and "replay" in state:
+            self.replay.load(state["replay"]["entries"], tensors, state["replay"]["world"])
 
     @property
     def store_mean(self) -> bool:
@@ -112,6 +135,10 @@ class TransitionLearner(Learner):
                         tied.add(len(rows))
                     rows.append(TransitionRow(bi, r, float(adv[r]), float(weights[r]), groups[r], slots[r]))
                     chains.append((bi, slots[r], roots[nodes[r]]))
+        if self.replay is not None:  # earlier iterations' kept samples join, then this iteration's best are kept
+            fresh = len(rows)
+            batches = self._replayed(batches, rows, chains)
+            self.replay.keep(rollouts.iteration, batches, rows[:fresh], chains[:fresh], rollouts.plan.num_steps)
         # normalisation: each group (or tree) weighs the same, whatever its number of transitions
         counts: dict[int, int] = {}
         for row in rows:
@@ -121,6 +148,52 @@ class TransitionLearner(Learner):
         rows = [replace(row, coef=1.0 / (counts[row.group] * max(1, total_groups)) if cfg.loss.normalize == "group"
                         else 1.0 / max(1, total_rows)) for row in rows]
         return TransitionWork(rollouts.iteration, batches, rows, tied, sorted(counts), chains, len(rows) - len(tied))
+
+    def _replayed(self, batches: list, rows: list, chains: list) -> list:
+        """The replay buffer's samples as rows of one more batch: their log-probs under the current weights (θ_old)
+        stand in for the stored ones, and each sample's policy term is weighed by its sequence-level importance weight;
+        each trains in a group of its own origin. Returns the batches with it (the rollout's when it is empty)."""
+        rb, spans = self.replay.record(self.policy.model, self.policy.device)
+        if rb is None:
+            return batches
+        rec = rb.record
+        rec.log_prob, rec.mean = self._score(rb)
+        weights = rec.loss_weight * step_weights(self.cfg.loss.step_weight, rec.kernel_names(), rec.sigma,
+                                                 rec.sigma_next, rec.eta)
+        bi = len(batches)
+        for k, (entry, span, w) in enumerate(zip(self.replay.entries, spans, self.replay.weights(rec.log_prob, spans))):
+            group = -1 - (entry.origin * 2**32 + entry.group)  # never a fresh group's id (those are ≥ 0)
+            for r in span:
+                rows.append(TransitionRow(bi, r, entry.advantage, float(weights[r]) * w, group, -1 - k, replayed=w))
+                chains.append((bi, -1 - k, 0))
+        return [*batches, rb]
+
+    def _score(self, b) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs, μ when the loss needs μ_old) of every transition of ``b`` under the current weights, without
+        gradient, in micro-batches, by the path the loss computes them."""
+        rec, size = b.record, self.cfg.train.micro_batch
+        lps, means = [], []
+        with torch.no_grad():
+            for start in range(0, rec.num_transitions, size):
+                r = torch.arange(start, min(rec.num_transitions, start + size))
+                x, sigma, cond, a, bv, std = self._inputs(b, r)
+                with self.policy.model.integer_timesteps(self.cfg.sampling.integer_timesteps):
+                    v = self.policy.velocity(x, sigma, cond, self.cfg.sampling.guidance_scale)
+                terms = likelihood.transition_terms(
+                    x, v, rec.latents("next_state", r), a, bv, std, reduce=self.cfg.sampling.reduce,
+                    return_mean=self.store_mean, backend=self.cfg.loss.likelihood_backend, form=self.cfg.sampling.log_prob)
+                lps.append(terms.log_prob.detach())
+                means.append(terms.mean.detach() if self.store_mean else None)
+        return torch.cat(lps), (torch.cat(means) if self.store_mean else None)
+
+    def _inputs(self, b, r):
+        """(x, σ, conditioning, a, b, std) of transitions ``r`` of batch ``b``: the stored states as the rollout computed
+        them (Trajectory.latents: bfloat16 or host storage read back) and the rollout's kernel coefficients, std rounded
+        as the rollout rounded it, so that lp_θ − lp_old is exactly 0 at the rollout policy (reference backend)."""
+        rec = b.record
+        x, sigma, cond = rec.latents("state", r), rec.sigma[r], b.cond.select(rec.cond_index[r])
+        a, bv, std = likelihood.transition_coefficients(rec.kernel[r], sigma, rec.sigma_next[r], rec.eta[r])
+        return x, sigma, cond, a, bv, std.to(samplers.compute_dtype(x.dtype))
 
     def steps(self, work: "TransitionWork", epoch: int) -> list[Step]:
         return [Step(selected, len({work.rows[i].slot for i in selected}))
@@ -145,6 +218,11 @@ class TransitionLearner(Learner):
                    "approx_kl": mean("approx_kl"), "kl_ref": mean("kl")}
         if self.kl_weight is not None:
             metrics["kl_weight"] = self.kl_weight.weight
+        if self.replay is not None:  # this process's replayed transitions this iteration and their importance weights
+            w = diagnostics.get("replayed", torch.zeros(0))
+            w = w[w > 0]
+            metrics["replay/transitions"] = int(w.numel())
+            metrics["replay/weight_mean"] = float(w.mean()) if w.numel() else float("nan")
         steps = diagnostics.get("step", torch.zeros(0))
         for s in steps.unique().tolist() if steps.numel() else []:
             lr = diagnostics["log_ratio"][steps == s]
@@ -206,19 +284,15 @@ class TransitionLearner(Learner):
         for i, row in enumerate(rows):
             by_batch.setdefault(row.batch, []).append(i)
         total = torch.zeros((), device=device)
-        out = {k: [] for k in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl", "kl", "step")}
+        out = {k: [] for k in ("log_ratio", "ratio_dev", "clipped_high", "clipped_low", "approx_kl", "kl", "step",
+                               "replayed")}
         for bi, members in by_batch.items():
             b, rec = batches[bi], batches[bi].record
             r = torch.tensor([rows[i].row for i in members])
             adv = torch.tensor([rows[i].advantage for i in members], device=device)
             c = torch.tensor([coefs[i] for i in members], device=device)
             w = torch.tensor([rows[i].weight for i in members], device=device)  # plan and step weight: the policy term's
-            # the stored states as the rollout computed them (Trajectory.latents: bfloat16 or host storage read back)
-            x, sigma, cond = rec.latents("state", r), rec.sigma[r], b.cond.select(rec.cond_index[r])
-            # μ = a·x + b·v per row with the rollout's kernel; std rounded as the rollout rounded it,
-            # so that lp_θ − lp_old is exactly 0 at the rollout policy (reference backend)
-            a, bv, std = likelihood.transition_coefficients(rec.kernel[r], sigma, rec.sigma_next[r], rec.eta[r])
-            std = std.to(samplers.compute_dtype(x.dtype))
+            x, sigma, cond, a, bv, std = self._inputs(b, r)  # μ = a·x + b·v per row with the rollout's kernel
             # every no-gradient call first: a copy's weights are swapped into the parameters in place; the networks
             # are told the rollout's timesteps (integer ones with sampling.integer_timesteps)
             with policy.model.integer_timesteps(cfg.sampling.integer_timesteps):
@@ -267,4 +341,5 @@ class TransitionLearner(Learner):
                 out[key].append(d[key].float().cpu())
             out["kl"].append(kl.detach().float().cpu())
             out["step"].append(rec.step[r].cpu())
+            out["replayed"].append(torch.tensor([rows[i].replayed for i in members]))
         return total, {k: torch.cat(v) for k, v in out.items()}
