@@ -19,9 +19,16 @@ from pathlib import Path
 DEFAULT = ",".join(sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "presets").glob("*.yaml")))
 
 
+def is_tree(preset: str) -> bool:
+    """Whether the preset's plan is a tree (splits, a branching window, side branches): one tree per prompt."""
+    plan = dict(load_config(preset, None, []).sampling.plan)
+    return bool(plan.get("splits") or plan.get("side_steps") or plan.get("branch_window"))
+
+
 def run(preset: str, minutes: float, checkpoints: list[float]) -> dict:
-    # chains: 8 samples per prompt; tree plans (BranchGRPO, TempFlow): one tree per prompt, its leaves the group
-    group = 1 if preset.startswith(("branch", "tempflow")) else 8
+    # chains: 8 samples per prompt; tree plans (BranchGRPO, TreeGRPO, TempFlow, G²RPO, E-GRPO): one tree per prompt,
+    # its leaves the group
+    group = 1 if is_tree(preset) else 8
     cfg = load_config(preset, None, [f"run_name=bench-{preset}", "resume=false", "train.iterations=100000",
                                      "eval.every=0", "eval.at_start=false", "log.samples_every=0", "log.save_every=0",
                                      "log.eval_samples=0", "log.gallery=false", "log.progress=false",
