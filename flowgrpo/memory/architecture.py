@@ -166,18 +166,16 @@ def _architecture(family: str, configs_json: str, source: str) -> Architecture:
     )
 
 
-_GEOMETRY_OF = {"flux2_klein": "flux2"}  # families that share another's geometry
-
-
 def _geometry_family(family: str) -> str:
-    """The geometry a family's latents and tokens have: its own, another's (FLUX.2 klein: FLUX.2's), or its record's
-    memory_inventory (a registered family whose blocks are SD3's, FLUX.1's or Wan's)."""
-    return _GEOMETRY_OF.get(family) or getattr(FAMILIES.get(family), "memory_inventory", None) or family
+    """The geometry a family's latents and tokens have: its own, another's (its record's ``geometry``: FLUX.2 klein
+    has FLUX.2's), or its record's memory_inventory (a registered family whose blocks are SD3's, FLUX.1's or Wan's)."""
+    record = FAMILIES.get(family)
+    return getattr(record, "geometry", None) or getattr(record, "memory_inventory", None) or family
 
-# the diffusers transformer class of each family (context parallelism asks it for its ``_cp_plan``)
-TRANSFORMER_CLASSES = {"sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel", "wan": "WanTransformer3DModel",
-                       "qwen_image": "QwenImageTransformer2DModel", "flux2": "Flux2Transformer2DModel",
-                       "flux2_klein": "Flux2Transformer2DModel", "z_image": "ZImageTransformer2DModel"}
+
+def transformer_classes() -> dict[str, str]:
+    """family -> the diffusers class of its denoising network, for every family whose record names one."""
+    return {name: f.transformer_class for name, f in sorted(FAMILIES.items()) if f.transformer_class}
 
 
 def has_cp_plan(class_name: str) -> bool:
@@ -189,7 +187,7 @@ def has_cp_plan(class_name: str) -> bool:
 
 def context_parallel_families() -> list[str]:
     """The families whose transformer class has a ``_cp_plan`` (Ulysses / ring attention in diffusers)."""
-    return sorted(family for family, name in TRANSFORMER_CLASSES.items() if has_cp_plan(name))
+    return sorted(family for family, name in transformer_classes().items() if has_cp_plan(name))
 
 
 def _blocks(transformer) -> tuple[Block, ...]:

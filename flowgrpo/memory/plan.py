@@ -44,9 +44,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from flowgrpo.memory.architecture import (Architecture, TRANSFORMER_CLASSES, call_grid, context_parallel_families,
+from flowgrpo.memory.architecture import (Architecture, call_grid, context_parallel_families,
                                           has_cp_plan, latent_numel, lora_parameters, lora_targets, rank_tokens,
-                                          token_counts)
+                                          token_counts, transformer_classes)
 from flowgrpo.memory.inventory import (DTYPE_BYTES, ActivationCount, attention_bytes, backward_transient_bytes,
                                        has_inventory, inventory_count, rollout_forward_bytes)
 from flowgrpo.models.families import FAMILIES
@@ -183,7 +183,7 @@ def context_parallel_refusal(arch: Architecture, context_parallel: int) -> Optio
     """The one-line reason a context-parallel plan is refused (its transformer class has no ``_cp_plan``), or None."""
     if context_parallel <= 1 or has_cp_plan(arch.transformer.class_name):
         return None
-    families = [f for f, name in TRANSFORMER_CLASSES.items() if name == arch.transformer.class_name]
+    families = [f for f, name in transformer_classes().items() if name == arch.transformer.class_name]
     which = f" (the {', '.join(families)} family)" if families else ""
     return (f"context parallelism {context_parallel}: {arch.transformer.class_name}{which} has no _cp_plan, so "
             f"diffusers cannot split its sequence; the families that have one: {', '.join(context_parallel_families())}")

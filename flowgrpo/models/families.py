@@ -43,6 +43,8 @@ class Family:
     # the memory planner's activation inventory of its blocks ("sd3", "flux", "wan": flowgrpo/memory/inventory.py); None:
     # none, measure the family on a GPU (benchmarks/bench_memory.py)
     memory_inventory: Optional[str] = None
+    transformer_class: Optional[str] = None  # its denoising network's diffusers class (memory plan, context parallelism)
+    geometry: Optional[str] = None  # the family whose latent and token geometry it shares (None: its own)
 
     def adapter_class(self) -> type:
         """The FlowModel subclass (imported now)."""
@@ -69,24 +71,27 @@ def families() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the built-in families
-register_family(Family("sd3", "flowgrpo.models.sd3:SD3Model", memory_inventory="sd3",
+register_family(Family("sd3", "flowgrpo.models.sd3:SD3Model", memory_inventory="sd3", transformer_class="SD3Transformer2DModel",
                        components=("transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae")))
-register_family(Family("flux", "flowgrpo.models.flux:FluxModel", memory_inventory="flux",
+register_family(Family("flux", "flowgrpo.models.flux:FluxModel", memory_inventory="flux", transformer_class="FluxTransformer2DModel",
                        components=("transformer", "text_encoder", "text_encoder_2", "vae")))
 # Wan's LoRA targets: the query/key/value/output projections of every self-attention (attn1) and cross-attention
 # (attn2) block, as diffusers' and DanceGRPO's Wan LoRA training choose. Wan2.2 A14B adds transformer_2.
 register_family(Family("wan", "flowgrpo.models.wan:WanModel", modality="video", temporal_factor=4, memory_inventory="wan",
-                       components=("transformer", "text_encoder", "vae"), lora_targets=("to_q", "to_k", "to_v", "to_out.0")))
+                       components=("transformer", "text_encoder", "vae"), lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
+                       transformer_class="WanTransformer3DModel"))
 register_family(Family("qwen_image", "flowgrpo.models.qwen_image:QwenImageModel",
-                       components=("transformer", "text_encoder", "vae")))
+                       components=("transformer", "text_encoder", "vae"), transformer_class="QwenImageTransformer2DModel"))
 # FLUX.2's adapter adds its single-stream blocks' projections to these (flowgrpo/models/flux2.py)
-register_family(Family("flux2", "flowgrpo.models.flux2:Flux2Model", components=("transformer", "text_encoder", "vae")))
+register_family(Family("flux2", "flowgrpo.models.flux2:Flux2Model", components=("transformer", "text_encoder", "vae"),
+                       transformer_class="Flux2Transformer2DModel"))
 register_family(Family("flux2_klein", "flowgrpo.models.flux2:Flux2KleinModel",
-                       components=("transformer", "text_encoder", "vae")))
+                       components=("transformer", "text_encoder", "vae"), transformer_class="Flux2Transformer2DModel",
+                       geometry="flux2"))
 # diffusers' examples/dreambooth/train_dreambooth_lora_z_image.py default (--lora_layers unset): every attention
 # projection of ZImageTransformerBlock (the main layers and both refiners)
 register_family(Family("z_image", "flowgrpo.models.z_image:ZImageModel", components=("transformer", "text_encoder", "vae"),
-                       lora_targets=("to_k", "to_q", "to_v", "to_out.0")))
+                       lora_targets=("to_k", "to_q", "to_v", "to_out.0"), transformer_class="ZImageTransformer2DModel"))
 # the Gaussian-mixture world with an exact velocity (docs/analytic_world.md): no pipeline, no LoRA
 register_family(Family("analytic", "flowgrpo.models.analytic:AnalyticModel", modality="vector"))
 
