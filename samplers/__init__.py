@@ -31,7 +31,8 @@ from samplers.kernels import (
     sage_sde,
     transition,
 )
-from samplers.plans import Plan, StepSpec, compose_plan
+from samplers.compose import compose_plan
+from samplers.plans import Plan, StepSpec
 from samplers.schedules import WINDOW_STRATEGIES, PlanSchedule, WindowSchedule, build_schedule
 from samplers.solvers import (
     SOLVER_NAMES,

@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 
 from samplers.grids import STREAM_WINDOW, derive_seed
-from samplers.plans import MAX_STEPS, Plan, compose_plan
+from samplers.compose import MAX_STEPS, compose_plan
+from samplers.plans import Plan
 from samplers.rules import FLAG, Rule, at_least, between, integer, one_of, optional
 
 WINDOW_STRATEGIES = ("progressive", "random", "geometric", "linear_decay", "exp_decay", "frozen")

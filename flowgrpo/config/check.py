@@ -160,7 +160,7 @@ def check_plan(cfg: Config) -> dict:
     so that arguments which do not fit together are refused in the builder's own words. Returns the plan's
     arguments (``plan_arguments``)."""
     import samplers
-    from samplers.plans import PLAN_RULES
+    from samplers.compose import PLAN_RULES
     from samplers.rules import refusal
     from samplers.schedules import WINDOW_RULES
 

@@ -254,7 +254,7 @@ def _provenance(cfg: Config, layers: list) -> dict:
     final.update({f"sampling.window.{k}": v for k, v in (window or {}).items()})
     origin = {key: "schema default" for key in final}
     for key in plan:
-        origin[f"sampling.plan.{key}"] = "plan builder default [samplers/plans.py compose_plan]"
+        origin[f"sampling.plan.{key}"] = "plan builder default [samplers/compose.py compose_plan]"
     for key in window or {}:
         origin[f"sampling.window.{key}"] = "plan builder default [samplers/schedules.py WindowSchedule]"
     for name, where, layer in layers:

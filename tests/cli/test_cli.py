@@ -195,7 +195,7 @@ def test_config_prints_the_resolved_run_with_the_layer_of_every_key(capsys):
     assert comment["model.max_sequence_length"].startswith("recipe_by_family [configs/presets/flow_grpo.yaml")
     assert comment["model.lora_rank"] == "model config [configs/models/sd3_5_medium.yaml]"
     assert comment["sampling.plan.train_fraction"] == "preset method [configs/presets/flow_grpo.yaml]"
-    assert comment["sampling.plan.branch_factor"] == "plan builder default [samplers/plans.py compose_plan]"
+    assert comment["sampling.plan.branch_factor"] == "plan builder default [samplers/compose.py compose_plan]"
     assert comment["train.grad_clip"] == "schema default" and comment == resolved.provenance
     tiny = _comments([line for line in _config_lines(capsys, ["--preset", "flow_grpo"]) if not line.startswith("#")])
     assert tiny["train.learning_rate"] == "tiny block [configs/default.yaml (tiny:)]"

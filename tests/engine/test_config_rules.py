@@ -59,10 +59,10 @@ def test_a_value_outside_its_rule_is_one_line_naming_key_value_and_allowed(overr
 
 
 def test_the_plan_keys_that_choose_a_solver_follow_the_samplers():
-    """sampling.plan's solver keys (samplers.plans.PLAN_RULES) allow what samplers/ builds, and SA-Solver's noise is
+    """sampling.plan's solver keys (samplers.compose.PLAN_RULES) allow what samplers/ builds, and SA-Solver's noise is
     refused with the transition learner (it has no log-probs for those untrained steps), in one line naming the fix."""
     import samplers
-    from samplers.plans import GRID_ENDS, PLAN_RULES
+    from samplers.compose import GRID_ENDS, PLAN_RULES
     from samplers.solvers import SA_CORRECTOR_ORDERS, SA_PREDICTOR_ORDERS
 
     assert [name for name in ("euler", "dpmpp_2m", "sa_solver", "heun") if PLAN_RULES["solver"].ok(name)] == list(
@@ -113,7 +113,7 @@ WORLDS = {  # name -> (program, its default, extra arguments)
 def _plan_keys(windowed: bool = False, preset: str | None = None) -> list[str]:
     """The sampling.plan / sampling.window keys to fuzz: with no preset every key the plan builder and (for a plan
     with a moving window) the window schedule take; with a preset the keys its file and its recipes set."""
-    from samplers.plans import PLAN_RULES
+    from samplers.compose import PLAN_RULES
     from samplers.schedules import WINDOW_RULES
 
     if preset is None:

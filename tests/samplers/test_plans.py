@@ -1,4 +1,4 @@
-"""Plans, the method presets' plans and window schedules (samplers/plans.py, samplers/schedules.py).
+"""Plans, the method presets' plans and window schedules (samplers/plans.py, samplers/compose.py, samplers/schedules.py).
 
 NFE and trained-transition counts are checked against the closed forms of docs/math.md §2, both from
 the plan and from what the executor actually does; window positions against the strategies' laws.
@@ -406,7 +406,7 @@ def test_every_plan_and_window_argument_declares_its_rule():
     WindowSchedule (but num_steps and seed), and every method preset's values pass them."""
     import inspect
 
-    from samplers.plans import PLAN_RULES
+    from samplers.compose import PLAN_RULES
     from samplers.schedules import WINDOW_RULES
 
     plan_args = set(inspect.signature(compose_plan).parameters) - {"window", "name"}

@@ -1,4 +1,4 @@
-"""SA-Solver rollouts (samplers/solvers.py: sa_solver_step; docs/math.md §1), AWM's grid edits (samplers/plans.py:
+"""SA-Solver rollouts (samplers/solvers.py: sa_solver_step; docs/math.md §1), AWM's grid edits (samplers/compose.py:
 edit_grid_ends) and their plan options.
 
 The reference is diffusers' SASolverScheduler (flow sigmas, flow prediction, data prediction, predictor and corrector
@@ -17,7 +17,7 @@ import torch
 
 from samplers import compose_plan, make_generator, rollout, sample_ode, time_grid
 from samplers.grids import STREAM_STEP_NOISE
-from samplers.plans import AWM_FIRST_SIGMA, edit_grid_ends
+from samplers.compose import AWM_FIRST_SIGMA, edit_grid_ends
 from samplers.solvers import sa_corrector_coefficients, sa_predictor_coefficients, sa_solver_step
 
 SEED, ITERATION, PROMPTS, LATENT = 4, 2, [3, 8], (2, 3)
