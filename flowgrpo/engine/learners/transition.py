@@ -96,7 +96,7 @@ class TransitionLearner(Learner):
         return state, tensors
 
     def restore(self, state: dict, tensors: dict) -> None:
-        self.load_state_dict(state)
+        super().restore(state, tensors)
         if self.replay is not None and "replay" in state:
             self.replay.load(state["replay"]["entries"], tensors, state["replay"]["world"])
 
