@@ -1,8 +1,9 @@
 """The papers' benchmark protocols: GenEval, OCR and PickScore (``flowgrpo eval --benchmark NAME``).
 
-A protocol (configs/evaluation/<name>.yaml) is a shipped prompt set, a number of images per prompt, a seed, the
-inference settings the papers evaluate with, a scorer (a reward plug-in: the same class that trains) and a report
-in the papers' table format. :func:`run_protocol` samples the prompts in blocks (prompt i's image j from the noise
+A protocol (configs/evaluation/<name>.yaml) is a shipped prompt set, a number of images per prompt, a seed, a
+scorer (a reward plug-in: the same class that trains) and a report in the papers' table format. The inference
+settings are the model's (:func:`sampling_settings`): a model config samples as the papers evaluate that model, and
+a checkpoint as its run evaluated itself. :func:`run_protocol` samples the prompts in blocks (prompt i's image j from the noise
 of (seed + j, i), so a block size or process count never changes an image), scores every image, keeps the images
 in the gallery's format (``samples/eval_<label>/``: ``flowgrpo gallery OUT`` compares models prompt by prompt) and
 returns the report; :func:`write_report` adds it to ``OUT/reports.jsonl`` (one row per evaluated model) and
@@ -35,7 +36,6 @@ class Protocol:
     prompts: str
     images_per_prompt: int
     seed: int
-    inference: dict  # steps, guidance_scale, resolution: applied to real models (tiny-world ones keep their own)
     reward: dict  # name and constructor keywords of the scorer
     report: str  # "geneval" (the six tasks and their mean) or "mean" (the mean score, as `column`)
     column: str = ""
@@ -54,6 +54,36 @@ def load_protocol(name: str) -> Protocol:
     path = configs_dir() / "evaluation" / f"{name}.yaml"
     data = yaml.safe_load(path.read_text())
     return Protocol(name=name, source=path, **data)
+
+
+SETTINGS = ("steps", "guidance_scale", "resolution")
+
+
+def sampling_settings(model_config: dict, run_config: dict | None = None, **given) -> dict:
+    """The steps, guidance scale and resolution an evaluation samples with, and where each comes from.
+
+    In order: ``given`` (the command line's; None = not given); then, for a checkpoint, its run's held-out
+    evaluation (``run_config``: the run's eval.steps, and eval.guidance_scale or else its rollout's
+    sampling.guidance_scale: a run trained CFG-free is evaluated CFG-free, as Flow-GRPO's and DiffusionNFT's
+    evaluations sample at their rollout's guidance); then the model config's own (sample_steps, guidance_scale,
+    resolution: for each model a paper evaluates, the paper's settings, checked by tests/cli/test_protocols.py).
+    Returns {key: value} for SETTINGS and ``from``: {key: "command line" | "the run's" | "the model config's"}."""
+    run = run_config or {}
+    ev, sampling = run.get("eval") or {}, run.get("sampling") or {}
+    from_run = {"steps": ev.get("steps"),
+                "guidance_scale": next((v for v in (ev.get("guidance_scale"), sampling.get("guidance_scale"))
+                                        if v is not None), None),
+                "resolution": None}  # the run's model section is the model config when no --model is given
+    own = {"steps": model_config.get("sample_steps"), "guidance_scale": model_config.get("guidance_scale"),
+           "resolution": model_config.get("resolution")}
+    settings, origin = dict.fromkeys(SETTINGS), {}  # None: the model has none (the analytic world's resolution)
+    for key in SETTINGS:
+        for where, value in (("command line", given.get(key)), ("the run's", from_run[key]),
+                             ("the model config's", own[key])):
+            if value is not None:
+                settings[key], origin[key] = value, where
+                break
+    return {**settings, "from": origin}
 
 
 def label_of(model_name: str, checkpoint: str | None) -> str:
@@ -191,8 +221,14 @@ def markdown_table(reports: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     notes = [f"- {r['label']}: {r['prompts']} of {r['of_prompts']} prompts x {r['images_per_prompt']} images, "
-             f"{r['steps']} steps, CFG {r['guidance_scale']}, {r['resolution']} px, seed {r['seed']}" for r in reports]
+             f"{r['steps']} steps, CFG {r['guidance_scale']}{_origin(r, 'guidance_scale')}, {r['resolution']} px, "
+             f"seed {r['seed']}" for r in reports]
     return "\n".join(lines + [""] + notes) + "\n"
+
+
+def _origin(report: dict, key: str) -> str:
+    """' (its run's)' where a checkpoint's setting came from its run (a CFG-free run is evaluated CFG-free)."""
+    return " (its run's)" if report.get("settings_from", {}).get(key) == "the run's" else ""
 
 
 def _cell(value, se=None) -> str:
@@ -231,5 +267,5 @@ def write_report(out: Path, report: dict) -> str:
     return table
 
 
-__all__ = ["PROTOCOLS", "Protocol", "check_out", "geneval_report", "iteration_of", "label_of", "load_protocol", "markdown_table", "mean_report",
-           "run_protocol", "write_report"]
+__all__ = ["PROTOCOLS", "Protocol", "SETTINGS", "check_out", "geneval_report", "iteration_of", "label_of", "load_protocol",
+           "markdown_table", "mean_report", "run_protocol", "sampling_settings", "write_report"]

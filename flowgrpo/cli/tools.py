@@ -84,12 +84,9 @@ def _model_config(args) -> dict:
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(OmegaConf.load(_model_yaml(args.model)), resolve=True)
-    run_config = Path(args.checkpoint or "") / "state.json"
-    if args.checkpoint and run_config.is_file() and args.model == "tiny_sd3":
-        # a training checkpoint: the run's own model section (its LoRA rank, base model, ...)
-        saved = json.loads(run_config.read_text()).get("config")
-        if saved:
-            cfg = OmegaConf.to_container(OmegaConf.create(saved), resolve=True)["model"]
+    saved = _run_config(args.checkpoint)
+    if saved and args.model == "tiny_sd3":  # a training checkpoint: its run's model section (LoRA rank, base model, ...)
+        cfg = saved["model"]
     if args.pretrained:
         cfg["pretrained"] = args.pretrained
     if args.device:
@@ -97,6 +94,33 @@ def _model_config(args) -> dict:
     if args.resolution:
         cfg["resolution"] = args.resolution
     return cfg
+
+
+def _run_config(checkpoint: str | None) -> dict | None:
+    """The whole config of the run a training checkpoint (runs/<name>/checkpoints/step_<n>, or its model/) was
+    saved by (its state.json), or None for weights without one."""
+    from omegaconf import OmegaConf
+
+    if not checkpoint:
+        return None
+    folder = Path(checkpoint)
+    for state in (folder / "state.json", folder.parent / "state.json"):
+        if state.is_file():
+            saved = json.loads(state.read_text()).get("config")
+            return OmegaConf.to_container(OmegaConf.create(saved), resolve=True) if saved else None
+    return None
+
+
+def _settings(args, model_config: dict) -> dict:
+    """What an evaluation samples with (flowgrpo.protocols.sampling_settings): the command line's, else a
+    checkpoint's run's held-out evaluation, else the model config's; the model config takes the resolution."""
+    from flowgrpo.protocols import sampling_settings
+
+    settings = sampling_settings(model_config, _run_config(args.checkpoint), steps=args.steps,
+                                 guidance_scale=args.guidance, resolution=args.resolution)
+    if settings["resolution"] is not None:
+        model_config["resolution"] = settings["resolution"]
+    return settings
 
 
 INT_MAX = 2**31 - 1  # what torch's integer arguments (steps, sizes, threads) hold
@@ -151,6 +175,7 @@ def cmd_eval(args) -> int:
         reward_class(args.reward, "--reward")
         prompts, metadata = _read_prompts(args.prompts, args.limit)
     model_config = _model_config(args)
+    _check_modality(protocol.reward["name"] if protocol else args.reward, model_config, args)
     try:
         resolve_pretrained(model_config["pretrained"])
     except FileNotFoundError as exc:
@@ -165,6 +190,28 @@ def cmd_eval(args) -> int:
         raise UserError(str(exc)) from None
     finally:
         torch.set_num_threads(threads_before)  # main() called in a process that goes on (tests) leaves it as it was
+
+
+def _check_modality(reward: str, model_config: dict, args) -> None:
+    """Refuse, before anything loads, a scorer that cannot take what the model makes (an image benchmark or reward
+    on a video model, a video reward on an image model), naming the fix."""
+    from flowgrpo.engine.scoring import reward_takes
+    from flowgrpo.models.families import FAMILIES
+    from flowgrpo.run.errors import UserError, reward_class
+
+    family = FAMILIES.get(model_config.get("family"))
+    theirs = getattr(reward_class(reward, "--reward"), "modality", "both")
+    if family is None or reward_takes(theirs, family.modality):
+        return
+    model = f"--model {args.model!r} (family {family.name}) makes {family.modality}s"
+    if args.benchmark:
+        own = {"video": "--reward toy_video --prompts toy-video-eval (or a video reward and your prompts)",
+               "vector": "--reward analytic_hit --prompts analytic-eval"}.get(family.modality, "a reward of its kind")
+        raise UserError(f"--benchmark {args.benchmark} scores images and {model}; the papers' benchmarks are for image "
+                        f"models: evaluate this one with {own}")
+    fix = ("--reward per_frame --reward-option reward=" + reward + " scores it frame by frame, or use a video reward "
+           "such as toy_video") if family.modality == "video" and theirs == "image" else "pick a reward of that kind"
+    raise UserError(f"--reward {reward!r} scores {theirs if theirs != 'both' else 'picture'}s but {model}; {fix}")
 
 
 def _reward_options(pairs: list[str] | None) -> dict:
@@ -214,19 +261,12 @@ def _run_benchmark(args, protocol, model_config, weights) -> int:
     from flowgrpo.models.loading import resolve_device
     from flowgrpo.protocols import iteration_of, label_of, run_protocol, write_report
     from flowgrpo.run.errors import build_reward, reward_class
-    from flowgrpo.run.paths import builtin_models
     from flowgrpo.run.threads import startup_line
 
     processes, device = _processes()
     if device is not None and not args.device:
         model_config["device"] = str(device)  # each process its own accelerator
-    tiny = model_config["pretrained"] in builtin_models()
-    settings = {} if tiny else dict(protocol.inference)  # the tiny world's models keep their own settings
-    for key, value in (("steps", args.steps), ("guidance_scale", args.guidance), ("resolution", args.resolution)):
-        if value is not None:
-            settings[key] = value
-    if "resolution" in settings:
-        model_config["resolution"] = settings["resolution"]
+    settings = _settings(args, model_config)
     if args.images_per_prompt is not None:
         protocol.images_per_prompt = args.images_per_prompt
     if args.seed is not None:
@@ -245,9 +285,10 @@ def _run_benchmark(args, protocol, model_config, weights) -> int:
     rank = processes[0] if processes else 0
     report = run_protocol(model, protocol, reward, label=label, limit=args.limit, batch_size=args.batch_size,
                           out=out if not args.no_images else None, processes=processes, progress=rank == 0,
-                          steps=settings.get("steps"), guidance_scale=settings.get("guidance_scale"),
+                          steps=settings["steps"], guidance_scale=settings["guidance_scale"],
                           iteration=iteration_of(args.checkpoint))
     report["model"], report["checkpoint"] = model.config.pretrained, args.checkpoint
+    report["settings_from"] = settings["from"]
     report["scorer"] = {"name": protocol.reward["name"], **_settings_of(reward_class(protocol.reward["name"], "--benchmark"), kwargs)}
     if rank == 0:
         table = write_report(out, report)
@@ -265,6 +306,7 @@ def _evaluate_and_print(args, prompts, metadata, model_config, weights, options)
     from flowgrpo.run.errors import build_reward
     from flowgrpo.run.threads import startup_line
 
+    settings = _settings(args, model_config)
     model = load_model(model_config)
     if weights is not None:
         model.load_trainable(weights)
@@ -274,8 +316,8 @@ def _evaluate_and_print(args, prompts, metadata, model_config, weights, options)
     seed = args.seed or 0
     for j in range(args.samples_per_prompt):  # sample j of every prompt uses seed + j
         result, images, scores = evaluate(
-            model, prompts, reward, metadata, seed=seed + j, steps=args.steps,
-            guidance_scale=args.guidance, batch_size=args.batch_size,
+            model, prompts, reward, metadata, seed=seed + j, steps=settings["steps"],
+            guidance_scale=settings["guidance_scale"], batch_size=args.batch_size,
         )
         all_scores.append(scores)
         if j == 0:
@@ -504,8 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "pickscore: its prompts, images, seeds, settings, scorer and table) or on a prompt set with a reward")
     ev.add_argument("--benchmark", choices=["geneval", "ocr", "pickscore"],
                     help="a papers' protocol (configs/evaluation/<name>.yaml, docs/evaluation.md): its shipped prompt set, "
-                         "images per prompt, seed, inference settings (real models), scorer and report; the report is "
-                         "added to --out's report.md, a row per evaluated model, and the images kept for the gallery")
+                         "images per prompt, seed, scorer and report (the inference settings are the model's); the "
+                         "report is added to --out's report.md, a row per evaluated model, and the images kept for "
+                         "the gallery")
     ev.add_argument("--model", default="tiny_sd3", help="model config: a YAML file or a name in configs/models (default tiny_sd3)")
     ev.add_argument("--pretrained", help="override the config's model: hub id, local folder or built-in name")
     ev.add_argument("--checkpoint", help="a training checkpoint (runs/<name>/checkpoints/step_<n>: its model config and its "
@@ -517,12 +560,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--reward-option", action="append", metavar="KEY=VALUE",
                     help="a keyword of the reward (the benchmark's scorer), repeatable: --reward-option device=cuda "
                          "--reward-option detector=mmdetection (values read as YAML)")
-    ev.add_argument("--steps", type=int, help="ODE steps (default: the benchmark's for a real model, else the model "
-                    "config's sample_steps)")
-    ev.add_argument("--guidance", type=float, help="guidance scale (default: the benchmark's for a real model, else the "
-                    "model config's)")
-    ev.add_argument("--resolution", type=int, help="image size in pixels (default: the benchmark's for a real model, else "
-                    "the model config's)")
+    ev.add_argument("--steps", type=int, help="ODE steps (default: a checkpoint's run's eval.steps, else the model "
+                    "config's sample_steps, which are the papers' for the models they evaluate)")
+    ev.add_argument("--guidance", type=float, help="guidance scale (default: a checkpoint's run's, so a CFG-free run is "
+                    "evaluated CFG-free, else the model config's)")
+    ev.add_argument("--resolution", type=int, help="image size in pixels (default: the model config's)")
     ev.add_argument("--seed", type=int, help="noise seed (default: the benchmark's, else 0); image i uses a pure function "
                     "of (seed, i), image j of a prompt seed + j")
     ev.add_argument("--images-per-prompt", type=int, help="with --benchmark: override its images per prompt")

@@ -294,6 +294,9 @@ class EvalConfig:
     prompts: str = key(TEXT, "toy-eval")  # toy-eval | toy-train | geneval | ocr-test | pickscore-test (docs/evaluation.md) | a .txt or .jsonl file
     limit: int = key(at_least(0), 0)  # use only the first N prompts (0 = all)
     steps: Optional[int] = key(optional(at_least(1)), None)  # ODE steps; None = the model config's sample_steps
+    # CFG scale; None = the rollout's (sampling.guidance_scale, else the model's): a run trained CFG-free is evaluated
+    # CFG-free, as Flow-GRPO's train_sd3.py and DiffusionNFT's train_nft_sd3.py evaluate at sample.guidance_scale
+    guidance_scale: Optional[float] = key(optional(at_least(0)), None)
     reward: str = key(TEXT, "toy")  # the held-out ("gold") reward
     reward_kwargs: dict = key(MAPPING, factory=dict)  # passed to the held-out reward's constructor (as rewards[].kwargs)
     batch_size: int = key(at_least(1), 64)

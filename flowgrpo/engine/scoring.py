@@ -28,7 +28,7 @@ class NoValidRewardError(UserError, RuntimeError):
     points print the message (the reward, its last error, the fix) as one line, exit status 2."""
 
 
-def _takes(reward_modality: str, modality: str) -> bool:
+def reward_takes(reward_modality: str, modality: str) -> bool:
     """Whether a reward of ``reward_modality`` scores what a model of ``modality`` makes ("both" = pictures)."""
     return reward_modality == modality or (reward_modality == "both" and modality in ("image", "video"))
 
@@ -37,7 +37,7 @@ def check_reward_modalities(rewards, names: list[str], eval_reward: str, modalit
     """A reward must take what the model makes (images, videos or vectors): fail at start-up, naming the fix."""
     for reward, name in zip(rewards, names):
         theirs = getattr(reward, "modality", "both")
-        if not _takes(theirs, modality):
+        if not reward_takes(theirs, modality):
             fix = (f"rewards=[{{name: per_frame, kwargs: {{reward: {name}}}}}] scores it frame by frame, or use a "
                    "video reward such as toy_video" if modality == "video" and theirs == "image" else
                    f"use a {modality} reward such as {_EXAMPLE_REWARD[modality]}")
@@ -47,7 +47,7 @@ def check_reward_modalities(rewards, names: list[str], eval_reward: str, modalit
         eval_modality = getattr(reward_class(eval_reward), "modality", "both")
     except RewardLookupError:
         return  # a bad name fails with the resolver's message when the held-out reward is built
-    if not _takes(eval_modality, modality):
+    if not reward_takes(eval_modality, modality):
         raise ConfigError(f"eval.reward={eval_reward!r} scores {eval_modality}s but the model makes {modality}s; "
                           f"set eval.reward to a {modality} reward such as {_EXAMPLE_REWARD[modality]} (and "
                           "eval.prompts to match)")

@@ -47,10 +47,74 @@ def test_shipped_prompt_sets_counts_checksums_and_sources():
     prompts, metadata = read_prompts("geneval")
     assert all(m["task"] == m["tag"] and m["prompt"] == p for p, m in zip(prompts, metadata))
     assert all('"' in p for p in read_prompts("ocr-test")[0])  # every OCR prompt quotes the text to render
-    for name in PROTOCOLS:  # every protocol names a shipped set, its images, seed and inference settings
+    for name in PROTOCOLS:  # every protocol names a shipped set, its images and seed (the model its settings)
         protocol = load_protocol(name)
         assert protocol.prompts in EVALUATION_PROMPT_SETS and protocol.images_per_prompt >= 1
-        assert set(protocol.inference) == {"steps", "guidance_scale", "resolution"}
+
+
+# The models the papers evaluate, and how: (steps, CFG, resolution) and where each paper's code states them.
+PAPERS_EVALUATE = {
+    "sd3_5_medium": ((40, 4.5, 512), "Flow-GRPO config/grpo.py geneval_sd3, general_ocr_sd3, pickscore_sd3: "
+                                     "eval_num_steps 40, guidance_scale 4.5, resolution 512"),
+    "flux_dev": ((28, 3.5, 512), "Flow-GRPO config/grpo.py pickscore_flux, geneval_flux_fast: eval_num_steps 28, "
+                                 "guidance_scale 3.5, resolution 512"),
+    "qwen_image": ((50, 4.0, 512), "Flow-GRPO config/grpo.py pickscore_qwenimage: eval_num_steps 50, guidance_scale 4, "
+                                   "resolution 512"),
+}
+
+
+def test_each_model_samples_as_the_papers_evaluate_it_and_a_checkpoint_as_its_run():
+    """Every model config: a benchmark samples with its own steps, CFG and resolution, which for the models the papers
+    evaluate are the papers' settings; a checkpoint's run's held-out settings come before them (a CFG-free run is
+    evaluated CFG-free, as DiffusionNFT's scripts/evaluation.py, guidance 1.0, and Flow-GRPO's Fast no-CFG runs,
+    eval_guidance_scale 1, evaluate), and the command line before both."""
+    from omegaconf import OmegaConf
+
+    from flowgrpo.protocols import sampling_settings
+
+    configs = sorted((configs_dir() / "models").glob("*.yaml"))
+    assert set(PAPERS_EVALUATE) <= {p.stem for p in configs}
+    for path in configs:
+        cfg = OmegaConf.to_container(OmegaConf.load(path))
+        settings = sampling_settings(cfg)
+        own = (cfg["sample_steps"], cfg["guidance_scale"], cfg.get("resolution"))  # the analytic world has none
+        assert (settings["steps"], settings["guidance_scale"], settings["resolution"]) == own, path.stem
+        assert set(settings["from"].values()) == {"the model config's"} and len(settings["from"]) == 2 + bool(own[2])
+        if path.stem in PAPERS_EVALUATE:
+            assert own == PAPERS_EVALUATE[path.stem][0], f"{path.stem}: {PAPERS_EVALUATE[path.stem][1]}"
+    model = {"sample_steps": 40, "guidance_scale": 4.5, "resolution": 512}
+    cfg_free = {"sampling": {"guidance_scale": 1.0}, "eval": {"steps": None, "guidance_scale": None}}
+    settings = sampling_settings(model, cfg_free)
+    assert (settings["steps"], settings["guidance_scale"]) == (40, 1.0)
+    assert settings["from"] == {"steps": "the model config's", "guidance_scale": "the run's",
+                                "resolution": "the model config's"}
+    held_out = {"sampling": {"guidance_scale": 1.0}, "eval": {"steps": 14, "guidance_scale": 2.0}}
+    assert (sampling_settings(model, held_out)["steps"], sampling_settings(model, held_out)["guidance_scale"]) == (14, 2.0)
+    assert sampling_settings(model, {"sampling": {"guidance_scale": None}})["guidance_scale"] == 4.5  # the model's
+    given = sampling_settings(model, held_out, steps=3, guidance_scale=0.0, resolution=256)
+    assert (given["steps"], given["guidance_scale"], given["resolution"]) == (3, 0.0, 256)
+    assert set(given["from"].values()) == {"command line"}
+
+
+def test_every_video_or_vector_model_is_refused_by_the_image_benchmarks_before_it_loads(tmp_path):
+    """The papers' benchmarks score images: every video (and the analytic world's vector) model config is refused in one line, before anything loads
+    (it was a traceback after sampling); every image model config passes that check."""
+    from types import SimpleNamespace
+
+    from flowgrpo.cli.tools import _check_modality
+    from flowgrpo.models import FAMILIES
+
+    for path in sorted((configs_dir() / "models").glob("*.yaml")):
+        family = FAMILIES[__import__("yaml").safe_load(path.read_text())["family"]]
+        for benchmark in PROTOCOLS:
+            args = ["eval", "--benchmark", benchmark, "--model", path.stem, "--limit", "1", "--out",
+                    str(tmp_path / benchmark), "--reward-option", "device=cpu"]
+            if family.modality != "image":  # videos, and the analytic world's vectors
+                with pytest.raises(UserExit, match=f"--benchmark {benchmark} scores images and --model '{path.stem}'"):
+                    main(args)
+            else:  # the check passes (main would go on to load the scorer and the model)
+                _check_modality(load_protocol(benchmark).reward["name"], {"family": family.name},
+                                SimpleNamespace(model=path.stem, benchmark=benchmark))
 
 
 def test_geneval_report_by_hand():
@@ -151,7 +215,8 @@ def test_ocr_protocol_end_to_end_with_a_reader_of_our_own(capsys, tmp_path):
 
 def test_a_checkpoint_row_beside_the_base_model(capsys, tiny_sd3_dir, tmp_path, tiny_scorers):
     """--checkpoint of a run evaluates its weights into the same folder: the table gains its row, and the gallery
-    compares the two models' images prompt by prompt."""
+    compares the two models' images prompt by prompt. The run trained CFG-free: its held-out evaluation and its
+    checkpoint's benchmark row sample CFG-free (the run's guidance), the base model at its own CFG."""
     from flowgrpo.config import load_config
     from flowgrpo.engine.trainer import Trainer
     from gallery import build_site
@@ -159,8 +224,11 @@ def test_a_checkpoint_row_beside_the_base_model(capsys, tiny_sd3_dir, tmp_path, 
 
     cfg = load_config("flow_grpo", None, overrides(tiny_sd3_dir, tmp_path, **{
         "sampling.plan.group_size": 2, "sampling.plan.num_steps": 2, "train.iterations": 1,
-        "model.lora_rank": 2, "model.lora_alpha": 2.0, "log.samples_every": 0}), base=PLUGIN_REWARD)
+        "model.lora_rank": 2, "model.lora_alpha": 2.0, "log.samples_every": 0, "sampling.guidance_scale": 1.0}),
+        base=PLUGIN_REWARD)
     Trainer(cfg).train()
+    rows = [json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval/guidance_scale"] for r in rows if "eval/guidance_scale" in r] == [1.0]  # the model's is 3.0
     checkpoint = tmp_path / cfg.run_name / "checkpoints" / "step_1"
     out = tmp_path / "geneval"
     common = ["eval", "--benchmark", "geneval", "--limit", "3", "--images-per-prompt", "2", "--steps", "2",
@@ -170,8 +238,14 @@ def test_a_checkpoint_row_beside_the_base_model(capsys, tiny_sd3_dir, tmp_path, 
     reports = [json.loads(line) for line in (out / "reports.jsonl").read_text().splitlines()]
     assert [r["label"] for r in reports] == ["tiny_sd3", f"{cfg.run_name}/step_1"]
     assert reports[1]["checkpoint"] == str(checkpoint) and reports[1]["steps"] == 2 and reports[1]["resolution"] == 32
+    assert [r["guidance_scale"] for r in reports] == [3.0, 1.0]
+    assert reports[1]["settings_from"]["guidance_scale"] == "the run's"
     table = (out / "report.md").read_text()
     assert "| tiny_sd3 |" in table and f"| {cfg.run_name}/step_1 |" in table
+    assert "CFG 3.0, 32 px" in table and "CFG 1.0 (its run's), 32 px" in table
+    assert main([*common, "--checkpoint", str(checkpoint), "--guidance", "2"]) == 0  # the command line before the run
+    assert json.loads((out / "reports.jsonl").read_text().splitlines()[-1])["guidance_scale"] == 2.0
+    assert main([*common, "--checkpoint", str(checkpoint)]) == 0
     site = build_site(out)
     prompts = (site.parent / "data" / "prompts.js").read_text()
     assert "eval_tiny_sd3" in prompts and f"eval_{cfg.run_name}_step_1" in prompts

@@ -173,6 +173,9 @@ EVAL = [
     (["--steps", "99999999999999"], r"--steps must be at most 2,147,483,647, got 99999999999999"),
     (["--seed", "-1"], r"--seed must be an integer in \[0, 4294967295\], got -1"),
     (["--guidance", "nan"], r"--guidance must be a finite number >= 0 .*got nan"),
+    (["--model", "tiny_wan"], r"--reward 'toy' scores images but --model 'tiny_wan' \(family wan\) makes videos; "
+                              r"--reward per_frame --reward-option reward=toy"),
+    (["--reward", "toy_video"], r"--reward 'toy_video' scores videos but --model 'tiny_sd3' \(family sd3\) makes images"),
 ]
 
 
