@@ -95,7 +95,11 @@ def resolve_file(pretrained: str, filename: str) -> str:
     repo_id, in_repo = "/".join(parts[:2]), "/".join(parts[2:]) or filename
     from huggingface_hub import hf_hub_download
 
-    return hf_hub_download(repo_id, in_repo)
+    try:
+        return hf_hub_download(repo_id, in_repo)
+    except OSError as exc:  # not in the local cache and not downloadable (offline, no network, no access)
+        raise OSError(not_downloaded("the file", f"{repo_id}/{in_repo}", exc, command=f"hf download {repo_id} {in_repo}",
+                                     option="pretrained= a local file or folder")) from None
 
 
 def torch_load_weights(path: str) -> dict:

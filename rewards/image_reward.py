@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from rewards.base import Reward, RewardOutput
-from rewards.common import LinearMLP, load_exact, read_json, resize_center_crop, resolve_file, torch_load_weights
+from rewards.common import (LinearMLP, downloading, load_exact, read_json, resize_center_crop, resolve_file,
+                            torch_load_weights)
 
 SCORE_MEAN = 0.16717362830052426
 SCORE_STD = 1.0333394966054072
@@ -131,7 +132,10 @@ class ImageReward(Reward):
                                      LinearMLP.sizes_from_state_dict(state, "mlp.layers."))
             load_exact(model, state, f"ImageReward checkpoint {weights}")
         self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-        self.tokenizer = tokenizer_obj if tokenizer_obj is not None else transformers.AutoTokenizer.from_pretrained(tokenizer)
+        if tokenizer_obj is None:
+            with downloading(tokenizer, "the BERT tokenizer"):
+                tokenizer_obj = transformers.AutoTokenizer.from_pretrained(tokenizer)
+        self.tokenizer = tokenizer_obj
         self.image_size = self.model.visual_encoder.config.image_size
         self.device, self.dtype = torch.device(device), dtype
 

@@ -195,7 +195,7 @@ def cmd_eval(args) -> int:
 def _check_modality(reward: str, model_config: dict, args) -> None:
     """Refuse, before anything loads, a scorer that cannot take what the model makes (an image benchmark or reward
     on a video model, a video reward on an image model), naming the fix."""
-    from flowgrpo.engine.scoring import reward_takes
+    from flowgrpo.engine.scoring import EXAMPLE_REWARD, reward_takes
     from flowgrpo.models.families import FAMILIES
     from flowgrpo.run.errors import UserError, reward_class
 
@@ -210,7 +210,9 @@ def _check_modality(reward: str, model_config: dict, args) -> None:
         raise UserError(f"--benchmark {args.benchmark} scores images and {model}; the papers' benchmarks are for image "
                         f"models: evaluate this one with {own}")
     fix = ("--reward per_frame --reward-option reward=" + reward + " scores it frame by frame, or use a video reward "
-           "such as toy_video") if family.modality == "video" and theirs == "image" else "pick a reward of that kind"
+           "such as toy_video") if family.modality == "video" and theirs == "image" else (
+           f"use {'an' if family.modality == 'image' else 'a'} {family.modality} reward such as "
+           f"{EXAMPLE_REWARD[family.modality]}, or a model that makes {theirs}s")
     raise UserError(f"--reward {reward!r} scores {theirs if theirs != 'both' else 'picture'}s but {model}; {fix}")
 
 

@@ -20,7 +20,7 @@ from flowgrpo.run.errors import ConfigError, UserError, build_reward
 from rewards import RewardLookupError, reward_class
 from rewards.runner import RewardRunner
 
-_EXAMPLE_REWARD = {"image": "toy", "video": "toy_video", "vector": "analytic_hit"}
+EXAMPLE_REWARD = {"image": "toy", "video": "toy_video", "vector": "analytic_hit"}
 
 
 class NoValidRewardError(UserError, RuntimeError):
@@ -40,7 +40,7 @@ def check_reward_modalities(rewards, names: list[str], eval_reward: str, modalit
         if not reward_takes(theirs, modality):
             fix = (f"rewards=[{{name: per_frame, kwargs: {{reward: {name}}}}}] scores it frame by frame, or use a "
                    "video reward such as toy_video" if modality == "video" and theirs == "image" else
-                   f"use a {modality} reward such as {_EXAMPLE_REWARD[modality]}")
+                   f"use a {modality} reward such as {EXAMPLE_REWARD[modality]}")
             raise ConfigError(f"reward {name!r} scores {theirs if theirs != 'both' else 'picture'}s but the model "
                               f"makes {modality}s; {fix}")
     try:
@@ -49,7 +49,7 @@ def check_reward_modalities(rewards, names: list[str], eval_reward: str, modalit
         return  # a bad name fails with the resolver's message when the held-out reward is built
     if not reward_takes(eval_modality, modality):
         raise ConfigError(f"eval.reward={eval_reward!r} scores {eval_modality}s but the model makes {modality}s; "
-                          f"set eval.reward to a {modality} reward such as {_EXAMPLE_REWARD[modality]} (and "
+                          f"set eval.reward to a {modality} reward such as {EXAMPLE_REWARD[modality]} (and "
                           "eval.prompts to match)")
 
 

@@ -176,6 +176,10 @@ EVAL = [
     (["--model", "tiny_wan"], r"--reward 'toy' scores images but --model 'tiny_wan' \(family wan\) makes videos; "
                               r"--reward per_frame --reward-option reward=toy"),
     (["--reward", "toy_video"], r"--reward 'toy_video' scores videos but --model 'tiny_sd3' \(family sd3\) makes images"),
+    (["--reward", "hpsv2", "--reward-option", "pretrained=nonexistent-org/no-such-hps"],
+     r"reward 'hpsv2' \(--reward\) could not be built: OSError: the file 'nonexistent-org/no-such-hps/"
+     r"HPS_v2.1_compressed.pt' could not be loaded \(.*\); download it with `hf download nonexistent-org/no-such-hps "
+     r"HPS_v2.1_compressed.pt` \(needs the network\), or pass pretrained="),
 ]
 
 
