@@ -85,8 +85,15 @@ def _model_config(args) -> dict:
 
     cfg = OmegaConf.to_container(OmegaConf.load(_model_yaml(args.model)), resolve=True)
     saved = _run_config(args.checkpoint)
-    if saved and args.model == "tiny_sd3":  # a training checkpoint: its run's model section (LoRA rank, base model, ...)
-        cfg = saved["model"]
+    if saved:  # a training checkpoint: its run's model section (base model, LoRA rank and targets, settings)
+        theirs = saved["model"]
+        if args.model != "tiny_sd3" and cfg.get("family") != theirs.get("family"):  # --model given, another family
+            from flowgrpo.run.errors import UserError
+
+            raise UserError(f"--checkpoint {args.checkpoint!r} was trained on {theirs.get('pretrained')!r} (family "
+                            f"{theirs.get('family')}) but --model {args.model!r} is family {cfg.get('family')}; leave "
+                            "out --model: a checkpoint's run names its model")
+        cfg = theirs
     if args.pretrained:
         cfg["pretrained"] = args.pretrained
     if args.device:
@@ -94,6 +101,26 @@ def _model_config(args) -> dict:
     if args.resolution:
         cfg["resolution"] = args.resolution
     return cfg
+
+
+def _load(model_config: dict, weights: Path | None, args):
+    """The model of ``model_config`` with a checkpoint's weights; weights that do not fit it (another LoRA rank, other
+    targets, another network) or do not read (a damaged file) are one line, not a traceback."""
+    from safetensors import SafetensorError
+
+    from flowgrpo.models import load_model
+    from flowgrpo.run.errors import UserError
+    from rewards.common import first_line
+
+    model = load_model(model_config)
+    if weights is not None:
+        try:
+            model.load_trainable(weights)
+        except (ValueError, RuntimeError, KeyError, OSError, SafetensorError) as exc:  # a damaged file too
+            raise UserError(f"--checkpoint {args.checkpoint!r} does not load into --model {args.model!r} "
+                            f"({first_line(exc, 240)}); a checkpoint of a run loads into the model its run trained "
+                            "(leave out --model), other weights into a model config of their rank and targets") from None
+    return model
 
 
 def _run_config(checkpoint: str | None) -> dict | None:
@@ -259,7 +286,6 @@ def _run_benchmark(args, protocol, model_config, weights) -> int:
     """flowgrpo eval --benchmark: the protocol's prompts, images, seeds, settings, scorer and report."""
     import inspect
 
-    from flowgrpo.models import load_model
     from flowgrpo.models.loading import resolve_device
     from flowgrpo.protocols import iteration_of, label_of, run_protocol, write_report
     from flowgrpo.run.errors import build_reward, reward_class
@@ -278,9 +304,7 @@ def _run_benchmark(args, protocol, model_config, weights) -> int:
         kwargs.setdefault("device", str(resolve_device(model_config.get("device", "auto"))))  # beside the model
     # the scorer first: a missing package or download is named before the model loads
     reward = build_reward(protocol.reward["name"], kwargs, f"configs/evaluation/{protocol.name}.yaml")
-    model = load_model(model_config)
-    if weights is not None:
-        model.load_trainable(weights)
+    model = _load(model_config, weights, args)
     print(startup_line(how="--threads N"), file=sys.stderr)
     out = Path(args.out or Path("evals") / protocol.name)
     label = label_of(Path(args.model).stem, args.checkpoint)
@@ -304,15 +328,12 @@ def _evaluate_and_print(args, prompts, metadata, model_config, weights, options)
     import torch
 
     from flowgrpo.evaluate import best_of_k, evaluate
-    from flowgrpo.models import load_model
     from flowgrpo.run.errors import build_reward
     from flowgrpo.run.threads import startup_line
 
     settings = _settings(args, model_config)
-    model = load_model(model_config)
-    if weights is not None:
-        model.load_trainable(weights)
-    reward = build_reward(args.reward, options, "--reward")
+    reward = build_reward(args.reward, options, "--reward")  # first: a missing package or download before the model
+    model = _load(model_config, weights, args)
     print(startup_line(how="--threads N"), file=sys.stderr)
     all_scores = []
     seed = args.seed or 0

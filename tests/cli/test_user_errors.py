@@ -2,6 +2,7 @@
 docs/errors.md, through the real entry points (train_t2i.py's main, flowgrpo's main, and a real process)."""
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -33,6 +34,12 @@ def files(tmp_path):
         f.truncate((1 << 30) + 1)
     (tmp_path / "not_a_checkpoint").mkdir()
     (tmp_path / "not_a_checkpoint" / "notes.txt").write_text("hello")
+    (tmp_path / "damaged").mkdir()  # weights that do not read
+    (tmp_path / "damaged" / "adapter_model.safetensors").write_bytes(b"")
+    step = tmp_path / "saved" / "y" / "checkpoints" / "step_1"  # a run's checkpoint: its config names its model
+    (step / "model").mkdir(parents=True)
+    (step / "model" / "adapter_model.safetensors").write_bytes(b"")
+    (step / "state.json").write_text(json.dumps({"config": "model:\n  family: sd3\n  pretrained: tiny-sd3\n"}))
     (tmp_path / "pick_reports").mkdir()  # a flowgrpo eval --benchmark pickscore output folder
     (tmp_path / "pick_reports" / "reports.jsonl").write_text('{"benchmark": "pickscore", "label": "base"}\n')
     return tmp_path
@@ -176,6 +183,12 @@ EVAL = [
     (["--model", "tiny_wan"], r"--reward 'toy' scores images but --model 'tiny_wan' \(family wan\) makes videos; "
                               r"--reward per_frame --reward-option reward=toy"),
     (["--reward", "toy_video"], r"--reward 'toy_video' scores videos but --model 'tiny_sd3' \(family sd3\) makes images"),
+    (["--checkpoint", "{tmp}/saved/y/checkpoints/step_1", "--model", "analytic", "--reward", "analytic_hit"],
+     r"--checkpoint '.*step_1' was trained on 'tiny-sd3' \(family sd3\) but --model 'analytic' is family analytic; "
+     r"leave out --model"),
+    (["--checkpoint", "{tmp}/damaged", "--limit", "1"],
+     r"--checkpoint '.*damaged' does not load into --model 'tiny_sd3' \(OSError: .*\); a checkpoint of a run loads "
+     r"into the model its run trained"),
     (["--reward", "hpsv2", "--reward-option", "pretrained=nonexistent-org/no-such-hps"],
      r"reward 'hpsv2' \(--reward\) could not be built: OSError: the file 'nonexistent-org/no-such-hps/"
      r"HPS_v2.1_compressed.pt' could not be loaded \(.*\); download it with `hf download nonexistent-org/no-such-hps "
@@ -184,7 +197,10 @@ EVAL = [
 
 
 @pytest.mark.parametrize("argv, message", EVAL, ids=[" ".join(a) for a, _ in EVAL])
-def test_eval_user_errors_are_one_line_with_the_fix(argv, message, files, capsys):
+def test_eval_user_errors_are_one_line_with_the_fix(argv, message, files, capsys, monkeypatch):
+    # a weight file not in the cache: no download attempts, no retry lines (the hub reads its constant at import)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     with pytest.raises(SystemExit) as info:
         cli.main(["eval"] + [a.format(tmp=files) for a in argv])
     assert info.value.code == 2
