@@ -46,7 +46,8 @@ class HeldOut:
         with policy.sampling_with(weights), policy.autocast():  # a labelled bar: the base model's evaluation takes a while
             guidance = e.guidance_scale if e.guidance_scale is not None else self.cfg.sampling.guidance_scale
             summary, media, scores = evaluate(policy.model, prompts, self.reward, metadata, seed=seed, steps=e.steps,
-                                              guidance_scale=guidance, batch_size=e.batch_size, progress=log.progress and policy.rank == 0,
+                                              guidance_scale=guidance, batch_size=e.batch_size,
+                                              progress=log.progress and policy.rank == 0,
                                               desc=f"held-out eval (iteration {iteration})", processes=processes)
         strict = f"; strict accuracy {summary['strict_accuracy']:.3f}" if "strict_accuracy" in summary else ""
         self.writer.info(f"held-out {e.reward} at iteration {iteration}: {summary['mean_score']:.3f} "
