@@ -1,6 +1,6 @@
 """Evaluation: sample a prompt set with the pure ODE sampler and score it with a reward.
 
-``flowgrpo eval`` (flowgrpo/cli/tools.py) is the command-line face of :func:`evaluate`; pretraining and
+``flowgrpo eval`` (flowgrpo/cli/evaluation.py) is the command-line face of :func:`evaluate`; pretraining and
 the training loop call the same functions, so every reported score is computed one way.
 """
 

@@ -101,7 +101,7 @@ def test_every_video_or_vector_model_is_refused_by_the_image_benchmarks_before_i
     (it was a traceback after sampling); every image model config passes that check."""
     from types import SimpleNamespace
 
-    from flowgrpo.cli.tools import _check_modality
+    from flowgrpo.cli.evaluation import _check_modality
     from flowgrpo.models import FAMILIES
 
     for path in sorted((configs_dir() / "models").glob("*.yaml")):
