@@ -59,11 +59,12 @@ def generate(
 
             index = torch.arange(len(chunk), device=model.device)
             latents = samplers.sample_ode(counted, x, sigmas, index, solver=solver)
-            if not bool(torch.isfinite(latents).all()):
+            decoded = model.decode(latents).float().cpu() if bool(torch.isfinite(latents).all()) else None
+            if decoded is None or not bool(torch.isfinite(decoded).all()):  # huge latents decode to NaN
                 raise NonFiniteSamples("the model's samples are NaN or inf: its weights diverged (in training: lower "
                                        "train.learning_rate or keep train.grad_clip on, and restart from an earlier "
                                        "checkpoint), or the guidance scale is too large for them")
-            images.append(model.decode(latents).float().cpu())
+            images.append(decoded)
     return torch.cat(images)
 
 

@@ -73,7 +73,7 @@ def import_object(target: str):
         raise ValueError(f"{target!r} is not a dotted path such as 'my_package.my_module:MyClass'")
     try:
         return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:  # a relative or empty module name too
         raise ValueError(f"cannot load {target!r}: {exc}") from exc
 
 

@@ -153,6 +153,27 @@ def _check_numbers(args) -> None:
                         f"got {args.guidance}")
 
 
+def _check_files(args) -> None:
+    """--output and --save-images before anything samples: the summary's path is not a folder, and the folders they
+    write to can be created (an hour's evaluation is not lost to a typo at its end)."""
+    from flowgrpo.run.errors import UserError
+
+    wanted = []
+    if args.output:
+        if Path(args.output).is_dir():
+            raise UserError(f"--output {args.output!r} is a folder; pass a file for the JSON summary, e.g. "
+                            f"{str(Path(args.output) / 'summary.json')!r}")
+        wanted.append(("--output", args.output, Path(args.output).parent))
+    if args.save_images:
+        wanted.append(("--save-images", args.save_images, Path(args.save_images)))
+    for option, given, folder in wanted:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"{option} {given!r}: the folder {str(folder)!r} cannot be created ({exc.strerror}); "
+                            "pass a path you can write") from None
+
+
 def cmd_eval(args) -> int:
     import torch
 
@@ -162,6 +183,7 @@ def cmd_eval(args) -> int:
     from flowgrpo.run.threads import set_threads
 
     _check_numbers(args)
+    _check_files(args)
     args.batch_size = args.batch_size or (16 if args.benchmark else 64)
     # every input is checked before the model loads
     weights = _checkpoint_folder(args.checkpoint) if args.checkpoint else None

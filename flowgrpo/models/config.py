@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import os
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any, List, Optional
@@ -130,6 +131,22 @@ def validate_model_config(cfg: Any = None) -> ModelConfig:
     return check_model_config(OmegaConf.to_object(merged))
 
 
+def _loadable(pretrained: str) -> bool:
+    """Whether ``pretrained`` can name weights: a path (whether it exists is resolve_pretrained's to say, naming the
+    fix) or a name the hub accepts (built-in names are such names); not '-1', '[1]' or 'a=b'."""
+    if not pretrained:
+        return False
+    if pretrained.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(pretrained)):
+        return True
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(pretrained)
+    except ValueError:  # HFValidationError
+        return False
+    return True
+
+
 def check_model_config(config: ModelConfig) -> ModelConfig:
     """Check every value of a ModelConfig whose keys and types OmegaConf has checked (a structured merge's, as the
     run config's ``model``); ``validate_model_config`` does both for any input. Returns ``config``."""
@@ -139,8 +156,8 @@ def check_model_config(config: ModelConfig) -> ModelConfig:
 
     if config.family not in FAMILIES:
         raise bad("family", ", ".join(families()))
-    if not config.pretrained:
-        raise bad("pretrained", "a hub id, a local folder or a built-in model name")
+    if not _loadable(config.pretrained):
+        raise bad("pretrained", "a hub id 'owner/name', a local folder or a built-in model name")
     if config.dtype not in DTYPES:
         raise bad("dtype", ", ".join(DTYPES))
     if not _DEVICE_PATTERN.match(config.device):

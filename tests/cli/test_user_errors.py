@@ -186,6 +186,8 @@ EVAL = [
     (["--checkpoint", "{tmp}/saved/y/checkpoints/step_1", "--model", "analytic", "--reward", "analytic_hit"],
      r"--checkpoint '.*step_1' was trained on 'tiny-sd3' \(family sd3\) but --model 'analytic' is family analytic; "
      r"leave out --model"),
+    (["--output", "{tmp}/not_a_checkpoint"], r"--output '.*not_a_checkpoint' is a folder; pass a file for the JSON "
+                                             r"summary, e.g. '.*not_a_checkpoint/summary.json'"),
     (["--checkpoint", "{tmp}/damaged", "--limit", "1"],
      r"--checkpoint '.*damaged' does not load into --model 'tiny_sd3' \(OSError: .*\); a checkpoint of a run loads "
      r"into the model its run trained"),
@@ -206,6 +208,23 @@ def test_eval_user_errors_are_one_line_with_the_fix(argv, message, files, capsys
     assert info.value.code == 2
     line = _one_line(capsys.readouterr().err)
     assert re.search(message, line), line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pretrained", "-1"], r"model config 'pretrained' is '-1'; allowed: a hub id 'owner/name', a local folder"),
+    (["--reward", "../x"], r"cannot import reward '../x' \(--reward\): the 'package' argument is required"),
+    (["--steps", "1", "--guidance", "1e30"], r"the model's samples are NaN or inf"),  # finite latents, NaN decoded
+])
+def test_what_the_eval_options_fuzz_found_is_one_line(argv, message, capsys):
+    """Every `flowgrpo eval` option fuzzed with 14 bad values (a word, empty, -1, 0, NaN, inf, 1e30, paths, a list, a
+    mapping, true, '=', 'a=b=c'): these three were tracebacks (a hub id the hub rejects, a relative module path, a
+    guidance that decodes finite latents to NaN)."""
+    with pytest.raises(SystemExit) as info:
+        cli.main(["eval", "--limit", "1", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err  # the NaN case ends after the model's start-up line, as the test below
+    lines = [line for line in err.splitlines() if line.strip() and not re.search(r"\d+%\|", line)]
+    assert "Traceback" not in err and re.search(message, lines[-1]) and lines[-1].startswith("flowgrpo eval: error:")
 
 
 def test_eval_of_samples_that_are_not_finite_ends_in_one_line(capsys):
