@@ -57,11 +57,10 @@ def model_yaml(spec: str) -> Path:
     return path
 
 
-def _model_config(args) -> dict:
+def _model_config(args, saved: dict | None) -> dict:
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(OmegaConf.load(model_yaml(args.model)), resolve=True)
-    saved = _run_config(args.checkpoint)
     if saved:  # a training checkpoint: its run's model section (base model, LoRA rank and targets, settings)
         theirs = saved["model"]
         if args.model != "tiny_sd3" and cfg.get("family") != theirs.get("family"):  # --model given, another family
@@ -96,7 +95,8 @@ def _load(model_config: dict, weights: Path | None, args):
         except (ValueError, RuntimeError, KeyError, OSError, SafetensorError) as exc:  # a damaged file too
             raise UserError(f"--checkpoint {args.checkpoint!r} does not load into --model {args.model!r} "
                             f"({first_line(exc, 240)}); a checkpoint of a run loads into the model its run trained "
-                            "(leave out --model), other weights into a model config of their rank and targets") from None
+                            "(leave out --model), other weights into a model config of their rank and "
+                            "targets") from None
     return model
 
 
@@ -115,12 +115,12 @@ def _run_config(checkpoint: str | None) -> dict | None:
     return None
 
 
-def _settings(args, model_config: dict) -> dict:
+def _settings(args, model_config: dict, run: dict | None) -> dict:
     """What an evaluation samples with (flowgrpo.protocols.sampling_settings): the command line's, else a
     checkpoint's run's held-out evaluation, else the model config's; the model config takes the resolution."""
     from flowgrpo.protocols import sampling_settings
 
-    settings = sampling_settings(model_config, _run_config(args.checkpoint), steps=args.steps,
+    settings = sampling_settings(model_config, run, steps=args.steps,
                                  guidance_scale=args.guidance, resolution=args.resolution)
     if settings["resolution"] is not None:
         model_config["resolution"] = settings["resolution"]
@@ -200,8 +200,10 @@ def cmd_eval(args) -> int:
         protocol = None
         reward_class(args.reward, "--reward")
         prompts, metadata = _read_prompts(args.prompts, args.limit)
-    model_config = _model_config(args)
+    run = _run_config(args.checkpoint)  # a training checkpoint's run: its model section and evaluation settings
+    model_config = _model_config(args, run)
     _check_modality(protocol.reward["name"] if protocol else args.reward, model_config, args)
+    settings = _settings(args, model_config, run)  # what it samples with: command line, run, model
     try:
         resolve_pretrained(model_config["pretrained"])
     except FileNotFoundError as exc:
@@ -210,8 +212,8 @@ def cmd_eval(args) -> int:
     set_threads(args.threads)  # printed once the model is loaded
     try:
         if protocol is not None:
-            return _run_benchmark(args, protocol, model_config, weights)
-        return _evaluate_and_print(args, prompts, metadata, model_config, weights, options)
+            return _run_benchmark(args, protocol, model_config, weights, settings)
+        return _evaluate_and_print(args, prompts, metadata, model_config, weights, options, settings)
     except NonFiniteSamples as exc:  # diverged weights (a checkpoint of a run that blew up): what the input gives
         raise UserError(str(exc)) from None
     finally:
@@ -281,7 +283,7 @@ def _settings_of(cls, kwargs: dict) -> dict:
     return {**defaults, **{k: v if isinstance(v, plain) else str(v) for k, v in kwargs.items()}}
 
 
-def _run_benchmark(args, protocol, model_config, weights) -> int:
+def _run_benchmark(args, protocol, model_config, weights, settings) -> int:
     """flowgrpo eval --benchmark: the protocol's prompts, images, seeds, settings, scorer and report."""
     import inspect
 
@@ -293,7 +295,6 @@ def _run_benchmark(args, protocol, model_config, weights) -> int:
     processes, device = _processes()
     if device is not None and not args.device:
         model_config["device"] = str(device)  # each process its own accelerator
-    settings = _settings(args, model_config)
     if args.images_per_prompt is not None:
         protocol.images_per_prompt = args.images_per_prompt
     if args.seed is not None:
@@ -323,14 +324,13 @@ def _run_benchmark(args, protocol, model_config, weights) -> int:
     return 0
 
 
-def _evaluate_and_print(args, prompts, metadata, model_config, weights, options) -> int:
+def _evaluate_and_print(args, prompts, metadata, model_config, weights, options, settings) -> int:
     import torch
 
     from flowgrpo.evaluate import best_of_k, evaluate
     from flowgrpo.run.errors import build_reward
     from flowgrpo.run.threads import startup_line
 
-    settings = _settings(args, model_config)
     reward = build_reward(args.reward, options, "--reward")  # first: a missing package or download before the model
     model = _load(model_config, weights, args)
     print(startup_line(how="--threads N"), file=sys.stderr)
