@@ -237,13 +237,15 @@ def test_dev_lora_loads_into_the_pipeline(dev_folder, tmp_path):
 
 @pytest.mark.slow
 def test_klein_4b_architecture_builds_at_depth_one():
-    """configs/models/architectures/flux2_klein_4b at its real width, one block of each kind and one text layer."""
+    """configs/models/architectures/flux2_klein_4b at its real width, one block of each kind and one text layer. Shapes
+    and counts are the point: built on the meta device (no weight memory; it took a 5.2 GB peak on the CPU);
+    tests/models/test_real_size.py trains the same architecture one iteration."""
     from diffusers import Flux2KleinPipeline
 
     from flowgrpo.models.random_init import random_pipeline
     from flowgrpo.run.paths import configs_dir
 
     pipe = random_pipeline(Flux2KleinPipeline, configs_dir() / "models" / "architectures" / "flux2_klein_4b",
-                           device=torch.device("cpu"), dtype=torch.float32, max_sequence_length=16, depth=1)
+                           device=torch.device("meta"), dtype=torch.float32, max_sequence_length=16, depth=1)
     assert pipe.transformer.inner_dim == 3072 and len(pipe.transformer.single_transformer_blocks) == 1
     assert pipe.transformer.config.joint_attention_dim == 3 * pipe.text_encoder.config.hidden_size
