@@ -34,6 +34,8 @@ ITERATIONS = 120
 MARGIN = 0.12  # required gain (and loss, sign flipped) of the fresh-sample hit rate
 BAND = 0.09  # learning rate 0: |final − base| stays below 3 × the std of a difference of two evaluations
 FRESH_SEED, BASE_SEED = 777, 555
+LR0_ITERATIONS = 20  # the learning-rate-0 control (its weights are compared bit for bit)
+CHECK_EVERY = 10  # a run stops at the first multiple of 10 iterations where its assertion holds (gain)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -54,9 +56,24 @@ def analytic_run(tmp_path, preset: str | None, *overrides: str) -> Trainer:
     return Trainer(cfg)
 
 
-def gain(tmp_path, preset, *overrides) -> tuple[float, float]:
+def gain(tmp_path, preset, *overrides, sign: int = 1) -> tuple[float, float]:
+    """(base, final) fresh hit rates of a run whose assertion is ``sign * (final - base) > MARGIN``. The run stops
+    once that holds: every CHECK_EVERY iterations the fresh hit rate is measured (the same evaluation the assertion
+    reads: FRESH_SEED's 512 samples, 0.06 s) and a run that has reached the target is stopped through the trainer's
+    own stop (``request_stop``: the iteration ends, a checkpoint is saved). A run that never reaches it trains all
+    ITERATIONS and fails as before. Looking up to 12 times at an evaluation whose spread is 0.021 cannot carry a run
+    that does not learn past MARGIN = 5.6 of those spreads."""
     trainer = analytic_run(tmp_path, preset, *overrides)
     base = fresh_hit_rate(trainer.model, BASE_SEED)
+    step = trainer.step
+
+    def step_and_check(iteration: int) -> dict:
+        metrics = step(iteration)
+        if (iteration + 1) % CHECK_EVERY == 0 and sign * (fresh_hit_rate(trainer.model, FRESH_SEED) - base) > MARGIN:
+            trainer.request_stop(f"the test's target is reached at iteration {iteration + 1}")
+        return metrics
+
+    trainer.step = step_and_check
     trainer.train()
     shutil.rmtree(tmp_path, ignore_errors=True)  # the run folder is not needed: keep the test's disk small
     return base, fresh_hit_rate(trainer.model, FRESH_SEED)
@@ -93,13 +110,15 @@ def test_control_the_sign_flipped_run_lowers_the_reward(preset, tmp_path):
     """Reward weight −1 negates the signal, and every advantage rule is odd in it (group z-scores,
     depth-wise tree values, TempFlow siblings: tests/engine/test_learner_formulas.py), so this is the same
     run with every advantage's sign flipped."""
-    base, final = gain(tmp_path, preset, "rewards=[{name: analytic_hit, weight: -1.0}]")
+    base, final = gain(tmp_path, preset, "rewards=[{name: analytic_hit, weight: -1.0}]", sign=-1)
     assert final < base - MARGIN, f"{preset} sign-flipped: fresh hit rate {base:.3f} -> {final:.3f}"
 
 
 @pytest.mark.parametrize("preset", CONTROLS)
 def test_control_learning_rate_zero_stays_in_the_noise_band(preset, tmp_path):
-    trainer = analytic_run(tmp_path, preset, "train.learning_rate=0.0")
+    """At learning rate 0 the weights stay bit for bit, so the fresh hit rate is the base model's whatever the run's
+    length: LR0_ITERATIONS cover every learner's optimizer steps, copies (θ_old, EMA) and replays many times over."""
+    trainer = analytic_run(tmp_path, preset, "train.learning_rate=0.0", f"train.iterations={LR0_ITERATIONS}")
     before = [p.detach().clone() for p in trainer.policy.params]
     base = fresh_hit_rate(trainer.model, BASE_SEED)
     trainer.train()
@@ -134,7 +153,7 @@ RECIPE_MECHANISMS = {  # id -> (preset, overrides)
 def test_the_recipes_mechanisms_learn_and_their_sign_flip_unlearns(mechanism, sign, tmp_path):
     preset, overrides = RECIPE_MECHANISMS[mechanism]
     flip = ["rewards=[{name: analytic_hit, weight: -1.0}]"] if sign < 0 else []
-    base, final = gain(tmp_path, preset, *overrides, *flip)
+    base, final = gain(tmp_path, preset, *overrides, *flip, sign=sign)
     assert sign * (final - base) > MARGIN, f"{mechanism} x{sign}: fresh hit rate {base:.3f} -> {final:.3f}"
 
 
