@@ -16,7 +16,16 @@ CPU runs on are ``worlds``. The packages of flowgrpo, by role (docs/design.md):
     flowgrpo.data, flowgrpo.evaluate   prompt sets, sampling and scoring
 """
 
+import os as _os
+
 import flowgrpo_torchvision_compat as _tv_compat
+
+# Ratio == 1 at inner epoch 0 (docs/design.md, contract 1) needs a matrix product whose rows do not depend on how many
+# rows share the call: the rollout runs a step's whole level through the network, the learner the same states in its
+# own micro-batches. MKL's CPU sgemm takes another kernel below 5 rows on AVX-512/AMX processors (a row of a 1-4-row
+# product differs in its last bit from the same row in a larger one); its strict reproducibility mode computes every
+# row alike on any processor, at no measured cost. MKL reads the variable at its first call: set before any product.
+_os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 # The .pth hook covers every interpreter of the environment; this covers running from a source tree
 # on PYTHONPATH without an install (the hook is idempotent and costs nothing until torchvision loads).
