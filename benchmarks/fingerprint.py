@@ -5,7 +5,7 @@
     python benchmarks/fingerprint.py --compare runs/fingerprint-before.json runs/fingerprint-after.json
 
 Each case trains ``--iterations`` (5) iterations with its seed and one thread, then records every
-``metrics.jsonl`` row with the time fields left out (``time/*``, ``eval/seconds``) and the SHA-256 of every
+``metrics.jsonl`` row with the clock's fields left out (``time/*``, ``perf/*``, ``eval/seconds``) and the SHA-256 of every
 tensor of the last checkpoint's ``tensors.safetensors`` (the trained weights, the optimizer state and every
 kept copy of the weights) and of every file of its ``model/`` folder (the exported LoRA or weights; a
 safetensors file by its tensors and metadata, whose order in the header varies from one process to the next). The cases are
@@ -62,7 +62,8 @@ def file_hash(path: Path) -> str:
 
 
 def is_time_field(key: str) -> bool:
-    return key.startswith("time/") or key == "time" or key.endswith("/seconds")
+    """A field measured with the clock (wall times, and the throughput and MFU derived from them)."""
+    return key.startswith(("time/", "perf/")) or key == "time" or key.endswith("/seconds")
 
 
 def run_case(name: str, extra: list[str], iterations: int, root: Path, train: bool = True) -> dict:
