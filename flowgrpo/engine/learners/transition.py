@@ -13,7 +13,7 @@ GRPO-Guard and SAGE-GRPO all train this way; they differ in their plans and thes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -39,6 +39,11 @@ class TransitionRow:
     slot: int  # the prompt slot of the iteration
     coef: float = 0.0  # its share of the iteration's loss (1 / (group's transitions · groups) or 1 / transitions)
     replayed: float = 0.0  # a replayed sample's importance weight (learner.replay; already in ``weight``), 0: fresh
+
+    def with_coef(self, coef: float) -> "TransitionRow":
+        """This row with its share of the loss (dataclasses.replace, without its per-call field lookup: an iteration
+        has thousands of rows)."""
+        return TransitionRow(self.batch, self.row, self.advantage, self.weight, self.group, self.slot, coef, self.replayed)
 
 
 # a sharded process without a transition this iteration trains this zero-weight stand-in (its loss times 0)
@@ -129,11 +134,14 @@ class TransitionLearner(Learner):
             slots = slots.tolist()
             roots = self._root_nodes(rec.node_parent.tolist())
             nodes = rec.node.tolist()
+            # Python numbers read once per batch (tolist gives each element's exact value, as float(adv[r]) would)
+            values, step_weight = adv.tolist(), weights.tolist()
+            tied_here = masks[bi].tolist() if masks is not None else None
             for r in range(rec.num_transitions):
-                if not math.isnan(float(adv[r])):
-                    if masks is not None and bool(masks[bi][r]):
+                if not math.isnan(values[r]):
+                    if tied_here is not None and tied_here[r]:
                         tied.add(len(rows))
-                    rows.append(TransitionRow(bi, r, float(adv[r]), float(weights[r]), groups[r], slots[r]))
+                    rows.append(TransitionRow(bi, r, values[r], step_weight[r], groups[r], slots[r]))
                     chains.append((bi, slots[r], roots[nodes[r]]))
         if self.replay is not None:  # earlier iterations' kept samples join, then this iteration's best are kept
             fresh = len(rows)
@@ -145,8 +153,11 @@ class TransitionLearner(Learner):
             counts[row.group] = counts.get(row.group, 0) + 1
         total_groups = int(policy.gather(torch.tensor([len(counts)])).sum())
         total_rows = int(policy.gather(torch.tensor([len(rows)])).sum())
-        rows = [replace(row, coef=1.0 / (counts[row.group] * max(1, total_groups)) if cfg.loss.normalize == "group"
-                        else 1.0 / max(1, total_rows)) for row in rows]
+        if cfg.loss.normalize == "group":
+            coef = {group: 1.0 / (count * max(1, total_groups)) for group, count in counts.items()}
+            rows = [row.with_coef(coef[row.group]) for row in rows]
+        else:
+            rows = [row.with_coef(1.0 / max(1, total_rows)) for row in rows]
         return TransitionWork(rollouts.iteration, batches, rows, tied, sorted(counts), chains, len(rows) - len(tied))
 
     def _replayed(self, batches: list, rows: list, chains: list) -> list:
