@@ -153,11 +153,8 @@ class TransitionLearner(Learner):
             counts[row.group] = counts.get(row.group, 0) + 1
         total_groups = int(policy.gather(torch.tensor([len(counts)])).sum())
         total_rows = int(policy.gather(torch.tensor([len(rows)])).sum())
-        if cfg.loss.normalize == "group":
-            coef = {group: 1.0 / (count * max(1, total_groups)) for group, count in counts.items()}
-            rows = [row.with_coef(coef[row.group]) for row in rows]
-        else:
-            rows = [row.with_coef(1.0 / max(1, total_rows)) for row in rows]
+        rows = [row.with_coef(1.0 / (counts[row.group] * max(1, total_groups)) if cfg.loss.normalize == "group"
+                              else 1.0 / max(1, total_rows)) for row in rows]
         return TransitionWork(rollouts.iteration, batches, rows, tied, sorted(counts), chains, len(rows) - len(tied))
 
     def _replayed(self, batches: list, rows: list, chains: list) -> list:
