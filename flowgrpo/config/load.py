@@ -5,13 +5,15 @@ with the layer that set each key kept (``Resolved.provenance``, printed by ``flo
 
 from __future__ import annotations
 
-import copy
 import difflib
 import functools
+import io
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
@@ -146,17 +148,60 @@ def resolve(preset: str | None = None, model: str | None = None, overrides: list
 
     ``default`` is the embedded default: a name in configs/ ("default" for text-to-image,
     "default_t2v" for text-to-video) or a YAML file."""
+    layers, dotlist = _layers(preset, model, overrides, base, default)
+    return apply_overrides(_merge(Config(), [layer for _, _, layer in layers], overrides), layers, dotlist, overrides)
+
+
+def config_loader(preset: str | None = None, model: str | None = None, base: str | dict | None = None,
+                  default: str = "default"):
+    """``load_config(preset, model, overrides, base, default)`` as a function of ``overrides``, for checking many of
+    them: the layers under the overrides read and merged once, then each call merges its overrides onto a copy of that
+    merge and checks the result with the code ``resolve`` ends in (``apply_overrides``): the same config, or the same
+    ConfigError. On a real model the layers depend on the overrides (the recipe for the rewards they name), and a
+    layer that is refused may be refused naming an override: there each call is ``load_config`` itself."""
+    def each_time(overrides: list[str] | None) -> Config:
+        return load_config(preset, model, overrides, base, default)
+
+    if is_real_model(model):
+        return each_time
+    try:
+        layers, _ = _layers(preset, model, None, base, default)
+        merged = _merge(Config(), [layer for _, _, layer in layers])
+    except ConfigError:  # a layer refused: each call refuses it as resolve does (its message may name an override)
+        return each_time
+    frozen = pickle.dumps(merged)  # copied per call: unpickled in a fifth of copy.deepcopy's time
+
+    def load(overrides: list[str] | None) -> Config:
+        return apply_overrides(pickle.loads(frozen), layers, _dotlist(overrides), overrides).config
+
+    return load
+
+
+def _dotlist(overrides: list[str] | None) -> DictConfig | None:
+    """The command line's ``key=value`` overrides as a config layer (None when there are none)."""
+    if not overrides:
+        return None
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. train.iterations=10)")
+    return OmegaConf.from_dotlist(overrides)
+
+
+def _layers(preset: str | None, model: str | None, overrides: list[str] | None, base: str | dict | None,
+            default: str) -> tuple[list, DictConfig | None]:
+    """The layers of ``resolve`` under the overrides, [(layer name, file or None, the layer)] first to last, and the
+    overrides as a layer (``_dotlist``; None when there are none)."""
     schema = Config()
     real = is_real_model(model)
     default_path = _resolve_yaml(default, ".")
-    defaults = OmegaConf.load(default_path)
+    defaults = _load_yaml(default_path)
     world = _blocks(defaults)
     base_layer = None
     if isinstance(base, dict):
         base_layer = ("base config", None, OmegaConf.create(base))
     elif base:
         path = _resolve_yaml(base, "presets")
-        base_layer = ("base config", str(path), OmegaConf.load(path))
+        base_layer = ("base config", str(path), _load_yaml(path))
     written_for = _blocks(base_layer[2]).get("preset") if base_layer else None  # the method a --config file is for
     # the method: --preset, else the one the --config file is written for, else the embedded default's
     method = preset or written_for or world.get("preset")
@@ -175,7 +220,7 @@ def resolve(preset: str | None = None, model: str | None = None, overrides: list
     preset_layer, preset_path = None, None
     if method:
         preset_path = _resolve_yaml(method, "presets")
-        loaded = OmegaConf.load(preset_path)
+        loaded = _load_yaml(preset_path)
         recipes = _blocks(loaded)
         preset_layer = ("preset method", str(preset_path), loaded)
     # a method the files are written for lies under them (they change it); a --preset goes over them
@@ -188,13 +233,8 @@ def resolve(preset: str | None = None, model: str | None = None, overrides: list
     model_layer = None
     if model:
         model_path = _resolve_yaml(model, "models")
-        model_layer = ("model config", str(model_path), OmegaConf.create({"model": OmegaConf.load(model_path)}))
-    dotlist = None
-    if overrides:
-        for item in overrides:
-            if "=" not in item:
-                raise ConfigError(f"override {item!r} is not key=value (e.g. train.iterations=10)")
-        dotlist = OmegaConf.from_dotlist(overrides)
+        model_layer = ("model config", str(model_path), OmegaConf.create({"model": _load_yaml(model_path)}))
+    dotlist = _dotlist(overrides)
     if real:  # the paper's recipe: in general, for the rewards trained on, then for the model's family (most specific)
         family = model_layer[2].model.get("family", ModelConfig.family)
         by_reward, reward_name = None, None
@@ -219,10 +259,19 @@ def resolve(preset: str | None = None, model: str | None = None, overrides: list
             {"run_name": f"{Path(model).stem}-{Path(method).stem if method else 'default'}"})))
     else:
         layers.append(model_layer)
-    layers = [layer for layer in layers if layer is not None and layer[2] is not None]
+    return [layer for layer in layers if layer is not None and layer[2] is not None], dotlist
+
+
+def apply_overrides(merged: DictConfig, layers: list, dotlist: DictConfig | None,
+                    overrides: list[str] | None) -> Resolved:
+    """The overrides (``dotlist``, parsed from ``overrides``) merged onto ``merged`` (the ``layers`` under them merged
+    onto the schema; changed in place), then the whole config checked: the model config, the rewards, every key's
+    rule and the checks across keys (``validate``). ``resolve`` ends here, and so does each call of
+    ``config_loader``."""
     if dotlist is not None:
-        layers.append(("override", "command line", dotlist))
-    cfg: Config = OmegaConf.to_object(_merge(schema, [layer for _, _, layer in layers], overrides))
+        layers = [*layers, ("override", "command line", dotlist)]
+        merged = _merge(Config(), [dotlist], overrides, merged)
+    cfg: Config = OmegaConf.to_object(merged)
     cfg.model = check_model_config(cfg.model)  # keys and types checked by the merge above
     try:
         cfg.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in cfg.rewards]
@@ -278,12 +327,16 @@ def _short(where: str) -> str:
     return where.replace(root, "")
 
 
-def _merge(schema: Config, layers: list, overrides: list[str] | None = None) -> DictConfig:
-    """The layers (None skipped) merged onto the schema; a bad key or value is a ConfigError naming it (the
-    override that carried it, when a mapping meets a list or a number: OmegaConf names no key then)."""
-    # the schema's node built once per process (OmegaConf.structured walks every dataclass), copied per merge; each
-    # layer merges into that copy in place (OmegaConf.merge would copy the whole config again for every layer)
-    merged = copy.deepcopy(_schema_node()) if type(schema) is Config else OmegaConf.structured(schema)
+def _merge(schema: Config, layers: list, overrides: list[str] | None = None,
+           merged: DictConfig | None = None) -> DictConfig:
+    """The layers (None skipped) merged onto the schema (or onto ``merged``, layers already merged onto it, in place);
+    a bad key or value is a ConfigError naming it (the override that carried it, when a mapping meets a list or a
+    number: OmegaConf names no key then)."""
+    # the schema's node built once per process (OmegaConf.structured walks every dataclass), copied per merge
+    # (unpickled: a fifth of copy.deepcopy's time); each layer merges into that copy in place (OmegaConf.merge would
+    # copy the whole config again for every layer)
+    if merged is None:
+        merged = pickle.loads(_schema_node()) if type(schema) is Config else OmegaConf.structured(schema)
     for layer in layers:
         if layer is None:
             continue
@@ -304,8 +357,24 @@ def _merge(schema: Config, layers: list, overrides: list[str] | None = None) -> 
 
 
 @functools.lru_cache(maxsize=1)
-def _schema_node() -> DictConfig:
-    return OmegaConf.structured(Config())
+def _schema_node() -> bytes:
+    """The schema's node, pickled (``_merge`` unpickles a copy)."""
+    return pickle.dumps(OmegaConf.structured(Config()))
+
+
+def _load_yaml(path: str | Path) -> DictConfig:
+    """``OmegaConf.load(path)``: the file read each time, its text parsed once per process (the parse and the node
+    built from it are most of a config's load, and every load_config reads its layers' files again); a copy, which
+    ``resolve`` may change."""
+    try:
+        return pickle.loads(_parsed_yaml(Path(path).read_text(encoding="utf-8")))
+    except yaml.YAMLError:  # read again by name: the parser's message names the file and line
+        return OmegaConf.load(path)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_yaml(text: str) -> bytes:
+    return pickle.dumps(OmegaConf.load(io.StringIO(text)))
 
 
 def _merges(merged: DictConfig, item: str) -> bool:

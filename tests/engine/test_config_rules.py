@@ -132,9 +132,22 @@ def _plan_keys(windowed: bool = False, preset: str | None = None) -> list[str]:
     return [f"sampling.plan.{k}" for k in sorted(plan)] + [f"sampling.window.{k}" for k in sorted(window)]
 
 
+def _override(key: str, value: str) -> str:
+    """``key=value`` as the command line writes it (a reward's keys are written inside the rewards list)."""
+    if key.startswith("rewards[0]."):
+        field = key.split(".", 1)[1]
+        return f"rewards=[{{name: {value}}}]" if field == "name" else f"rewards=[{{name: toy, {field}: {value}}}]"
+    return f"{key}={value}"
+
+
 def _fuzz(monkeypatch, capsys, tmp_path, program, default, extra, keys) -> int:
-    """Each key with each of BAD_VALUES through the real entry point (see the tests below); the number refused."""
+    """Each key with each of BAD_VALUES (see the tests below); the number refused. Every value goes through the
+    checks the entry point runs on its arguments (``resolve``'s ``apply_overrides``: the overrides merged onto the
+    world's layers, read and merged once here by ``config_loader``, then every rule and cross-key check); each key's
+    first refused value then goes through the real entry point itself, which must refuse it in the same one line."""
     import flowgrpo.cli.train as cli
+    from flowgrpo.config.load import config_loader
+    from flowgrpo.run.errors import UserError
 
     class Accepted(Exception):
         """preflight reached: the value passed every config check (a valid value; nothing loads)."""
@@ -147,27 +160,35 @@ def _fuzz(monkeypatch, capsys, tmp_path, program, default, extra, keys) -> int:
     existing = out / "kept"
     existing.mkdir(parents=True)
     (existing / "marker").write_text("untouched")
+    given = [f"output_dir={out}", "run_name=kept"]
+    options = dict(zip(extra[::2], extra[1::2]))  # --preset NAME, --config FILE as the entry point reads them
+    assert set(options) <= {"--preset", "--config"}, extra
+    check = config_loader(options.get("--preset"), None, options.get("--config"), default)
     refused = 0
     for key in keys:
-        refused_here = 0
+        first = None  # the key's first refused value, and the refusal
         for value in BAD_VALUES:
-            override = f"{key}={value}"
-            if key.startswith("rewards[0]."):  # a reward's keys are written inside the rewards list
-                field = key.split(".", 1)[1]
-                override = f"rewards=[{{name: {value}}}]" if field == "name" else f"rewards=[{{name: toy, {field}: {value}}}]"
+            override = _override(key, value)
             try:
-                status = cli.main([*extra, f"output_dir={out}", "run_name=kept", override], prog=program,
-                                  description="", default=default)
-            except Accepted:
-                capsys.readouterr()
-                continue  # a valid value for this key
-            err = capsys.readouterr().err
-            lines = [line for line in err.splitlines() if line.strip()]
-            assert status == 2 and len(lines) == 1 and "Traceback" not in err, (override, err)
-            assert lines[0].startswith(f"{program}: error: "), (override, lines)
-            refused_here += 1
-        refused += refused_here
-        assert refused_here, f"{key}: none of {BAD_VALUES} is refused"
+                check([*given, override])
+            except UserError as exc:  # the entry point prints f"{program}: error: {exc}" (checked below) and exits 2
+                line = f"{program}: error: {exc}"
+                assert len([part for part in line.splitlines() if part.strip()]) == 1 and "Traceback" not in line, \
+                    (override, line)
+                refused += 1
+                first = first or (override, line)
+        assert first, f"{key}: none of {BAD_VALUES} is refused"
+        override, expected = first  # through the real entry point: refused with the same one line, exit 2
+        try:
+            status = cli.main([*extra, *given, override], prog=program, description="", default=default)
+        except Accepted:
+            raise AssertionError(f"{override}: the config checks refuse it ({expected!r}), but the entry point "
+                                 "accepted it") from None
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert status == 2 and len(lines) == 1 and "Traceback" not in err, (override, err)
+        assert lines[0].startswith(f"{program}: error: "), (override, lines)
+        assert lines == [expected], (override, lines)
     assert sorted(p.name for p in out.iterdir()) == ["kept"] and [p.name for p in existing.iterdir()] == ["marker"]
     assert (existing / "marker").read_text() == "untouched"
     return refused
@@ -188,10 +209,11 @@ def _stated(pattern: str) -> tuple[int, int]:
 def test_every_leaf_key_fuzzed_ends_in_one_line_before_anything_loads(world, tmp_path, capsys, monkeypatch):
     """Every leaf key of the world's config, and every key its rollout plan (and window) takes, with each of
     BAD_VALUES (wrong types, negative, zero, NaN, ±inf, huge, empty, path-like): a value its rule (or a cross-key
-    check, or the plan's own construction) refuses ends through the real entry point with exit 2, one line, no
-    traceback, before any model loads, with nothing written under output_dir and an existing run folder untouched; a
-    value that reaches preflight passed every check (a valid one: nothing is loaded). Every key must refuse at least
-    one value, and docs/errors.md states the counts."""
+    check, or the plan's own construction) refuses ends with exit 2, one line, no traceback, before any model loads,
+    with nothing written under output_dir and an existing run folder untouched; a value the checks pass would reach
+    preflight (a valid one: nothing is loaded). Every value goes through the entry point's checks on the world's
+    layers read once (``_fuzz``), and each key's first refused value through the real entry point, which must refuse
+    it in the same line. Every key must refuse at least one value, and docs/errors.md states the counts."""
     program, default, extra = WORLDS[world]
     extra = [str(configs_dir() / "analytic.yaml") if e == "ANALYTIC" else e for e in extra]
     base = str(configs_dir() / "analytic.yaml") if extra else None
@@ -217,3 +239,29 @@ def test_every_presets_plan_and_window_keys_fuzzed_end_in_one_line(tmp_path, cap
         total_keys += len(keys)
     assert _stated(r"with each preset:\s+(\d+)\s+plan and window keys,\s+(\d+)\s+bad\s+values\s+refused") == \
         (total_keys, total_refused), (total_keys, total_refused)
+
+
+def test_the_fuzz_fails_on_a_rule_skipped_and_on_a_key_the_entry_point_lets_through(tmp_path, capsys, monkeypatch):
+    """Both halves of the fuzz catch a bypass: a rule the shared checks skip refuses fewer values (the counts no
+    longer match docs/errors.md), and an entry point that lets a key through without the checks fails that key's
+    check through the real entry point."""
+    import flowgrpo.cli.train as cli
+    import flowgrpo.config.check as check
+    from flowgrpo.config import TrainConfig, rules_of
+
+    program, default, extra = WORLDS["image default"]
+    key = "train.learning_rate"
+    whole = _fuzz(monkeypatch, capsys, tmp_path / "whole", program, default, extra, [key])
+    with monkeypatch.context() as patch:  # the learning rate's rule skipped by the checks the entry point runs too
+        patch.setattr(check, "rules_of", lambda cls: {name: rule for name, rule in rules_of(cls).items()
+                                                     if (cls, name) != (TrainConfig, "learning_rate")})
+        assert _fuzz(patch, capsys, tmp_path / "skipped", program, default, extra, [key]) < whole
+    real_load = cli.load_config
+
+    def lets_it_through(preset, model, overrides, **kwargs):  # the entry point drops the key before its checks
+        return real_load(preset, model, [o for o in overrides if not o.startswith(f"{key}=")], **kwargs)
+
+    monkeypatch.setattr(cli, "load_config", lets_it_through)
+    with pytest.raises(AssertionError, match=rf"^{key}=nope-1: the config checks refuse it .* but the entry point "
+                                             "accepted it"):
+        _fuzz(monkeypatch, capsys, tmp_path / "through", program, default, extra, [key])
