@@ -391,14 +391,14 @@ class ColourClassifier:
                              "a config dict or a .json config file")
         if cfg is not None:
             if model is None:
-                model = open_clip.CLIP(**cfg)
                 option = "colour_pretrained=/path/to/state_dict.pt"
-                try:
+                try:  # the weights first: a missing file is refused before the network is built
                     path = resolve_file(pretrained, "open_clip_pytorch_model.bin")
                 except OSError as exc:
                     raise _unavailable("colour classifier weights", pretrained,
                                        f"hf download {'/'.join(str(pretrained).split('/')[:2])}",
                                        option, exc) from exc
+                model = open_clip.CLIP(**cfg)
                 load_exact(model, torch_load_weights(path), f"colour classifier checkpoint {path}")
             size = cfg.get("vision_cfg", {}).get("image_size", 224)
             preprocess = preprocess or open_clip.image_transform(size, is_train=False)

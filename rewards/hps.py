@@ -46,8 +46,9 @@ class HPSv2(Reward):
         if cfg is None:
             raise ValueError(f"open_clip has no model config {arch!r}; pass a name from open_clip.list_models() or a dict")
         if model is None:
-            model = open_clip.CLIP(**cfg)
+            # the checkpoint first: a missing one is refused before ViT-H-14 (~1B parameters) is built
             path = resolve_file(pretrained, HPS_FILES[version])
+            model = open_clip.CLIP(**cfg)
             load_exact(model, torch_load_weights(path), f"HPS checkpoint {path}")
         self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         context_length = cfg.get("text_cfg", {}).get("context_length", 77)
