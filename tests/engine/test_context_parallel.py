@@ -8,27 +8,21 @@ networks compute the same sums in another order (the attention of a head runs on
 each process's tokens), so the comparison is float32 rounding scaled to each tensor's size; counts are exact, and
 the transition learner's ratio at inner epoch 0 stays 1 to the last bits of what one process gives. The launch of 4
 processes, 2 data-parallel ranks x 2 context ranks sharded with FSDP2, equals 1 process too, and its checkpoint
-resumes at context degree 1. Every test here runs several processes: ``xdist_group("processes")`` keeps them on one
-pytest worker.
+resumes at context degree 1. The trainings and resume checks run in the shared launches of
+tests/engine/distributed_scenarios.py (one launch per process count; each test declares its own in SHARED_RUNS).
+Every test here runs several processes: ``xdist_group("processes")`` keeps them on one pytest worker.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from train_fixtures import overrides
+from distributed_scenarios import Scenario, shared_runs  # noqa: F401 (shared_runs: a fixture)
 
-ROOT = Path(__file__).resolve().parents[1].parent
-RUN = Path(__file__).with_name("context_parallel_run.py")
-FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
-            "FSDP_RESHARD_AFTER_FORWARD": "true"}
 SMALL = {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "train.iterations": 2,
          "train.prompts_per_iteration": 2, "train.learning_rate": 1e-4, "log.samples_every": 0, "log.gallery": False,
          "eval.limit": 2, "log.grad_noise_every": 0}
@@ -40,16 +34,16 @@ LEARNERS = {"flow_grpo": {}, "diffusion_nft": {"learner.train_times": 2},
             "branchgrpo": {"sampling.plan.group_size": 1, "sampling.plan.num_steps": 8, "sampling.plan.splits": "[0,3]"}}
 
 
-def _train(nproc: int, out: Path, model_dir: str, preset: str, default: str, sharded: bool = False, **settings) -> dict:
-    """Train in ``nproc`` processes; the recording of every data rank (rollouts in slot order) and the layout."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(RUN),
-           str(out / "record"), default, preset, *overrides(model_dir, out, **{**SMALL, **settings})]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(FSDP_ENV if sharded else {})}
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-4000:]
-    layout = json.loads((out / "record" / "layout.json").read_text())
-    ranks = [torch.load(out / "record" / f"rank{r}.pt") for r in range(layout["data_world"])]
+def _train(nproc: int, model: str, preset: str, default: str, sharded: bool = False, **settings) -> Scenario:
+    """A recorded training in ``nproc`` processes (tests/engine/context_parallel_run.py) of the tiny ``model``."""
+    return Scenario.train(nproc, model, default, preset, fsdp=sharded, record=True, **{**SMALL, **settings})
+
+
+def _recorded(outcome) -> dict:
+    """The recording of every data rank (rollouts in slot order) and the layout."""
+    record = outcome.record
+    layout = json.loads((record / "layout.json").read_text())
+    ranks = [torch.load(record / f"rank{r}.pt") for r in range(layout["data_world"])]
     # one record per iteration, prompt-major as a single process's (a record's rows are sorted by prompt)
     parts = sorted((r for rank in ranks for r in rank["rollouts"]), key=lambda r: (r["iteration"], r["slots"]))
     rollouts = []
@@ -107,88 +101,69 @@ def _assert_same(one: dict, split: dict, counted: str) -> None:
                    for r in split["metrics"])
 
 
+IMAGE_FAMILIES = {  # family -> (its tiny pipeline: distributed_scenarios.save_tiny_flux / save_tiny_qwen, settings)
+    "flux": ("flux", {"model.family": "flux", "model.guidance_scale": 3.5, "model.max_sequence_length": 16,
+                      "model.resolution": 32}),
+    "qwen_image": ("qwen", {"model.family": "qwen_image", "model.guidance_scale": 4.0}),
+}
+
+
+def SHARED_RUNS(test: str, preset: str | None = None, family: str | None = None) -> dict:
+    """Each test's trainings and resume checks (role -> Scenario), run by the shared launches
+    (tests/engine/distributed_scenarios.py)."""
+    if test == "test_wan_split_over_two_processes_equals_one":
+        settings = {**VIDEO, **LEARNERS[preset]}
+        return {"one": _train(1, "wan", preset, "default_t2v", **settings),
+                "two": _train(2, "wan", preset, "default_t2v", **{**settings, "train.context_parallel": 2})}
+    if test == "test_image_families_split_over_two_processes_equal_one":
+        model, settings = IMAGE_FAMILIES[family]
+        settings = {**IMAGE, **settings}
+        return {"one": _train(1, model, "flow_grpo", "default", **settings),
+                "two": _train(2, model, "flow_grpo", "default", **{**settings, "train.context_parallel": 2})}
+    if test == "test_two_data_ranks_by_two_context_ranks_sharded_equal_one_process_and_resume_at_another_degree":
+        settings = {**VIDEO, **LEARNERS["flow_grpo"]}
+        one = _train(1, "wan", "flow_grpo", "default_t2v", **settings)  # test_wan_split...[flow_grpo]'s too
+        four = _train(4, "wan", "flow_grpo", "default_t2v", sharded=True, **{**settings, "train.context_parallel": 2})
+        return {"one": one, "four": four,  # sharded_load.py in the shared launches of 1, 2 and 4 processes
+                **{f"resumed_at_{nproc}": Scenario.resume_check(nproc, run, **{"train.context_parallel": context})
+                   for nproc, run, context in ((1, four, 1), (2, four, 2), (4, one, 2))}}
+    return {}
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")
 @pytest.mark.parametrize("preset", list(LEARNERS))
-def test_wan_split_over_two_processes_equals_one(tiny_wan_dir, tmp_path, preset):
+def test_wan_split_over_two_processes_equals_one(shared_runs, preset):
     """The tiny Wan2.1 (3-D rotary embedding, the text unsplit) for the transition learner, on a chain and on a tree
     (BranchGRPO), DiffusionNFT and DGPO."""
     counted = "trained_transitions" if preset in ("flow_grpo", "branchgrpo") else "trained_samples"
-    settings = {**VIDEO, **LEARNERS[preset]}
-    one = _train(1, tmp_path / "one", tiny_wan_dir, preset, "default_t2v", **settings)
-    two = _train(2, tmp_path / "two", tiny_wan_dir, preset, "default_t2v", **{**settings, "train.context_parallel": 2})
+    one, two = _recorded(shared_runs["one"]), _recorded(shared_runs["two"])
     assert (two["data_world"], two["context_size"]) == (1, 2)
     _assert_same(one, two, counted)
-
-
-@pytest.fixture(scope="module")
-def tiny_flux_dir(tmp_path_factory):
-    """The tiny FLUX.1-dev of tests/models/test_flux.py, with the toy world's prompts in its tokenizer."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
-
-    from flowgrpo.tiny import build_clip_tokenizer, build_tiny_flux_pipeline
-    from flowgrpo.tiny.builders import FLUX_DEV_SCHEDULER
-    from worlds.toy import scenes
-
-    corpus = [p.text for p in scenes.train_prompts() + scenes.eval_prompts()]
-    pipe = build_tiny_flux_pipeline(build_clip_tokenizer(corpus, max_length=16), seed=0, image_size=32)
-    folder = tmp_path_factory.mktemp("tiny_flux")
-    FluxPipeline(**dict(pipe.components, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER))).save_pretrained(folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen_dir(tmp_path_factory):
-    from flowgrpo.tiny.qwen_image import save_tiny_qwen_image
-    from worlds.toy import scenes
-
-    return save_tiny_qwen_image(tmp_path_factory.mktemp("tiny_qwen"),
-                                [p.text for p in scenes.train_prompts() + scenes.eval_prompts()])
-
-
-IMAGE_FAMILIES = {  # family -> (its folder's fixture, model settings)
-    "flux": ("tiny_flux_dir", {"model.family": "flux", "model.guidance_scale": 3.5, "model.max_sequence_length": 16,
-                               "model.resolution": 32}),
-    "qwen_image": ("tiny_qwen_dir", {"model.family": "qwen_image", "model.guidance_scale": 4.0}),
-}
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")
 @pytest.mark.parametrize("family", list(IMAGE_FAMILIES))
-def test_image_families_split_over_two_processes_equal_one(family, tmp_path, request):
+def test_image_families_split_over_two_processes_equal_one(shared_runs, family):
     """FLUX.1 (image and text tokens both split, 2-D ids) and Qwen-Image (text of varying length, true CFG) with the
     transition learner."""
-    fixture, settings = IMAGE_FAMILIES[family]
-    folder = request.getfixturevalue(fixture)
-    settings = {**IMAGE, **settings}
-    one = _train(1, tmp_path / "one", folder, "flow_grpo", "default", **settings)
-    two = _train(2, tmp_path / "two", folder, "flow_grpo", "default", **{**settings, "train.context_parallel": 2})
+    one, two = _recorded(shared_runs["one"]), _recorded(shared_runs["two"])
     _assert_same(one, two, "trained_transitions")
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")
-def test_two_data_ranks_by_two_context_ranks_sharded_equal_one_process_and_resume_at_another_degree(tiny_wan_dir,
-                                                                                                   tmp_path):
+def test_two_data_ranks_by_two_context_ranks_sharded_equal_one_process_and_resume_at_another_degree(shared_runs):
     """4 processes: 2 data-parallel ranks (each its own prompt) x 2 context ranks, every weight sharded with FSDP2 over
     all 4: the same rollouts, gradients and weights as 1 process. Its checkpoint resumes, every tensor exactly as
     saved, at 1 process and at 2 processes as one context group of 2; one written at 1 process resumes at 4 as 2 x 2."""
-    settings = {**VIDEO, **LEARNERS["flow_grpo"]}
-    one = _train(1, tmp_path / "one", tiny_wan_dir, "flow_grpo", "default_t2v", **settings)
-    four = _train(4, tmp_path / "four", tiny_wan_dir, "flow_grpo", "default_t2v", sharded=True,
-                  **{**settings, "train.context_parallel": 2})
+    one, four = _recorded(shared_runs["one"]), _recorded(shared_runs["four"])
     assert (four["data_world"], four["context_size"], four["sharded"]) == (2, 2, True)
     _assert_same(one, four, "trained_transitions")
-    for nproc, run, context in ((1, four["run"], 1), (2, four["run"], 2), (4, one["run"], 2)):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               str(Path(__file__).with_name("sharded_load.py")), str(Path(run) / "config.yaml"),
-               f"train.context_parallel={context}"]
-        env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", **FSDP_ENV,
-               "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
-        assert result.returncode == 0, result.stderr[-4000:]
-        assert f"at {nproc} processes (context groups of {context})" in result.stdout, result.stdout[-2000:]
+    for nproc, context in ((1, 1), (2, 2), (4, 2)):
+        line = shared_runs[f"resumed_at_{nproc}"].line
+        assert f"at {nproc} processes (context groups of {context})" in line, line
 
 
 def test_qwen_image_text_padded_for_the_split_changes_nothing(tmp_path):

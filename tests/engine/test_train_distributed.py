@@ -7,7 +7,6 @@ group's spread is tiny. Hence tolerances rather than bit equality here (the resu
 replays the same batches, is bit-exact)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,28 +15,38 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from distributed_scenarios import Scenario, launch_env, shared_runs  # noqa: F401 (shared_runs: a fixture)
 from train_fixtures import overrides
 
 ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = {"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4, "train.iterations": 2,
+            "train.prompts_per_iteration": 4, "train.learning_rate": 1e-4,  # small steps: Adam magnifies rounding
+            "rewards": "[{name: 'train_fixtures:Brightness'}]"}
 
 
-def _run(nproc: int, model_dir: str, out: Path, preset: str | None, launcher: str = "torchrun") -> Path:
-    """``torchrun`` with ACCELERATE_USE_CPU (the CPU launch as docs/scaling.md writes it), or ``accelerate`` as a
-    user types it on a machine without GPUs: ``accelerate launch --config_file configs/accelerate/fsdp2.yaml
-    --num_processes N`` and no CPU flag."""
-    args = overrides(model_dir, out, **{"sampling.plan.group_size": 2, "sampling.plan.num_steps": 4,
-                                        "train.iterations": 2, "train.prompts_per_iteration": 4,
-                                        "train.learning_rate": 1e-4})  # small steps: Adam magnifies rounding
-    args += ["rewards=[{name: 'train_fixtures:Brightness'}]"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    if launcher == "torchrun":
-        env["ACCELERATE_USE_CPU"] = "true"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    else:
-        env.pop("ACCELERATE_USE_CPU", None)
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "configs" / "accelerate" / "fsdp2.yaml"), "--num_processes", str(nproc)]
+def _run(nproc: int, preset: str | None) -> Scenario:
+    """``torchrun`` with ACCELERATE_USE_CPU (the CPU launch as docs/scaling.md writes it): a training of the shared
+    launch of ``nproc`` processes (tests/engine/distributed_scenarios.py)."""
+    return Scenario.train(nproc, "sd3", "default", preset, **SETTINGS)
+
+
+def SHARED_RUNS(test: str, preset: str | None = None, counted: str | None = None) -> dict:
+    """Each test's trainings (role -> Scenario)."""
+    if test == "test_two_processes_equal_one":
+        return {"one": _run(1, preset), "two": _run(2, preset)}
+    if test == "test_an_accelerate_launch_on_a_machine_without_gpus_is_one_run":
+        return {"one": _run(1, "flow_grpo")}  # test_two_processes_equal_one[flow_grpo-...]'s
+    return {}
+
+
+def _accelerate_launch(nproc: int, model_dir: str, out: Path, preset: str | None) -> Path:
+    """``accelerate`` as a user types it on a machine without GPUs: ``accelerate launch --config_file
+    configs/accelerate/fsdp2.yaml --num_processes N`` and no CPU flag."""
+    args = overrides(model_dir, out, **SETTINGS)
+    env = launch_env()
+    env.pop("ACCELERATE_USE_CPU", None)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "configs" / "accelerate" / "fsdp2.yaml"), "--num_processes", str(nproc)]
     cmd += [str(ROOT / "train_t2i.py"), *(["--preset", preset] if preset else []), *args]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -47,9 +56,9 @@ def _run(nproc: int, model_dir: str, out: Path, preset: str | None, launcher: st
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # several processes: one such test at a time (pyproject's --dist loadgroup)
 @pytest.mark.parametrize("preset, counted", [("flow_grpo", "trained_transitions"), (None, "trained_samples")])
-def test_two_processes_equal_one(tiny_sd3_dir, tmp_path, preset, counted):
+def test_two_processes_equal_one(shared_runs, preset, counted):
     """Both families of learners: the transition learner (Flow-GRPO) and the default's forward-process one (NFT)."""
-    one, two = _run(1, tiny_sd3_dir, tmp_path / "one", preset), _run(2, tiny_sd3_dir, tmp_path / "two", preset)
+    one, two = shared_runs["one"].run, shared_runs["two"].run
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
     tolerance = {"reward/brightness_mean": 1e-5, counted: 0, "advantage/abs_mean": 2e-3, "grad_norm": 2e-3}
     for key, rel in tolerance.items():
@@ -64,14 +73,14 @@ def test_two_processes_equal_one(tiny_sd3_dir, tmp_path, preset, counted):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")
-def test_an_accelerate_launch_on_a_machine_without_gpus_is_one_run(tiny_sd3_dir, tmp_path):
+def test_an_accelerate_launch_on_a_machine_without_gpus_is_one_run(tiny_sd3_dir, tmp_path, shared_runs):
     """``accelerate launch --config_file configs/accelerate/fsdp2.yaml --num_processes 2`` with no --cpu on a CPU
     machine: the two processes form one run (each row written once, the one-process gradient norm) instead of two
     runs that each train the whole batch into the same folder (which logged every row twice at twice the norm)."""
     if torch.cuda.is_available():
         pytest.skip("a machine with GPUs launches one process per GPU")
-    one = _run(1, tiny_sd3_dir, tmp_path / "one", "flow_grpo")
-    two = _run(2, tiny_sd3_dir, tmp_path / "two", "flow_grpo", launcher="accelerate")
+    one = shared_runs["one"].run
+    two = _accelerate_launch(2, tiny_sd3_dir, tmp_path / "two", "flow_grpo")
     rows = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
     assert [r["iteration"] for r in rows[1]] == [1, 2]
     assert [r["grad_norm"] for r in rows[0]] == pytest.approx([r["grad_norm"] for r in rows[1]], rel=2e-3)
