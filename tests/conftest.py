@@ -8,7 +8,10 @@ import os
 
 import pytest
 
-pytest_plugins = ["cost_log"]  # --cost-log=DIR: each test's seconds and memory (tests/cost_log.py)
+pytest_plugins = [
+    "cost_log",  # --cost-log=DIR: each test's seconds and memory (tests/cost_log.py)
+    "xdist_groups",  # xdist_group("processes") on pytest 9 (tests/xdist_groups.py)
+]
 import flowgrpo  # noqa: F401  (installs the torchvision compatibility hook for source-tree runs)
 import torch
 
@@ -24,36 +27,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config, items):
-    group_items(config, items)
-
-
-def group_items(config, items) -> int:
-    """``--dist loadgroup`` (pyproject's addopts): pytest-xdist sends the tests marked ``xdist_group(NAME)`` to one
-    worker by the suffix ``@NAME`` it adds to their node ids on the worker. pytest-xdist 3.8 writes that suffix to
-    ``item._nodeid``, which pytest 9 no longer reads (a node id is ``item._id``): the suffix was lost and the
-    multi-process tests ran on both workers at once, each launch's processes fighting the other's for the 2 cores.
-    This adds the suffix where the installed pytest keeps the id, unless xdist's own hook already did. Returns the
-    number of items grouped (tests/project/test_suite_cost.py checks it)."""
-    if not getattr(config.option, "loadgroup", False):
-        return 0
-    grouped = 0
-    for item in items:
-        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")})
-        if not names or "@" in item.nodeid:
-            continue
-        nodeid = f"{item.nodeid}@{'_'.join(names)}"
-        if hasattr(item, "_id"):
-            from _pytest.nodeid import NodeId
-
-            item._id = NodeId.parse(nodeid)
-        else:
-            item._nodeid = nodeid
-        grouped += 1
-    return grouped
 
 
 RETURN_MEMORY_ABOVE_GB = 1.0  # a worker above this after a test gives back what the test freed (tests/cost_log.py measures it)

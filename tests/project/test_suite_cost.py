@@ -1,4 +1,4 @@
-"""The suite's own machinery: the multi-process tests share one pytest worker (tests/conftest.py ``group_items``), and
+"""The suite's own machinery: the multi-process tests share one pytest worker (tests/xdist_groups.py ``group_items``), and
 the cost log (tests/cost_log.py) that benchmarks/suite_cost.py tables."""
 
 import json
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import group_items
+from xdist_groups import group_items
 
 ROOT = Path(__file__).resolve().parents[2]
 
