@@ -58,7 +58,8 @@ def report(folder: Path, before: Path | None = None) -> str:
     wall = folder / "wall.json"
     if wall.is_file():
         w = json.loads(wall.read_text())
-        out.append(f"wall time {w['seconds'] / 60:.0f}:{w['seconds'] % 60:02.0f} ({w['seconds']:.0f} s); {w['summary']}")
+        minutes, seconds = divmod(round(w["seconds"]), 60)
+        out.append(f"wall time {minutes}:{seconds:02d} ({w['seconds']:.0f} s); {w['summary']}")
     total = sum(r["seconds"] for r in rows)
     out.append(f"{len(rows)} tests, {total:.0f} s of test time over {len({r['worker'] for r in rows})} workers; "
                f"largest worker peak {max(_peak(r) for r in rows):.2f} GB")
