@@ -424,3 +424,27 @@ def test_the_loop_takes_every_step_and_reads_the_contract_at_the_first(tmp_path)
     assert len(taken) == 4 and metrics["skipped_steps"] == 0  # 2 epochs x 2 updates, each one group of one prompt
     assert metrics["max_abs_ratio_minus_1_epoch0"] == 0.0
     assert metrics["awm/max_abs_ratio_minus_1"] > 0.0
+
+
+def test_a_filler_micro_batch_adds_nothing(tmp_path):
+    """A sharded process with fewer micro-batches than another pads its step with fillers (``Policy.matched``: its
+    first part again) so that every process makes the same network calls; a filler's loss is taken times 0. The same
+    update with a filler after every step's micro-batches gives the same gradient and loss, bit for bit.
+    Catches: the filler's loss not zeroed (its rows' gradient counted twice)."""
+    draws = ([0.5, 0.25], [[1.0, 0.0], [0.0, 1.0]])
+    leaves = [(0, 0, [0.0, 0.0], 1.0, *draws), (0, 0, [0.5, 0.0], -1.0, *draws),
+              (1, 0, [0.5, 0.5], 0.5, *draws), (1, 0, [0.0, 0.5], -0.5, *draws)]
+    outcomes = []
+    for padded in (False, True):
+        trainer = hand_trainer(tmp_path / str(padded), "awm", "learner.train_times=2", "learner.kl_coef=0.0",
+                               "learner.awm.ema_kl_coef=0.0")
+        policy = trainer.policy
+        set_velocity(trainer, policy.params, [0.5, 0.5])
+        if padded:
+            matched = policy.matched
+            policy.matched = lambda parts, spare: [*matched(parts, spare), (parts[0] if parts else spare(), False)]
+        metrics = trainer.learner.update(hand_rollouts(trainer, leaves))
+        outcomes.append((bias_grad(trainer).clone(), metrics["loss"]))
+    (grad, loss), (padded_grad, padded_loss) = outcomes
+    assert float(grad.abs().max()) > 0  # the step has a gradient to double
+    assert torch.equal(padded_grad, grad) and padded_loss == loss, (grad, padded_grad, loss, padded_loss)
