@@ -358,8 +358,8 @@ def table(before: Path, after: Path) -> str:
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for cls, name, f, _, _ in sorted(FAULTS, key=lambda fault: CLASSES.index(fault[0])):  # by class, stable
         rb, ra = b.get(name, {}), a.get(name, {})
-        first = lambda r: f"`{r['caught_by'][0].removeprefix('tests/')}`" if r.get("caught_by") else ""  # noqa: E731
-        out.append(f"| {name} | {cls} | {f.removeprefix('flowgrpo/')} | {first(rb)} | "
+        first = lambda r: f"`{r['caught_by'][0]}`" if r.get("caught_by") else ""  # noqa: E731
+        out.append(f"| {name} | {cls} | {f} | {first(rb)} | "
                    f"{first(ra) if first(ra) != first(rb) else 'the same' if first(ra) else ''} | "
                    f"{rb.get('status', 'not run')} | {ra.get('status', 'not run')} |")
     def counts(rs):
