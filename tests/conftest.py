@@ -32,18 +32,15 @@ def one_thread():
 RETURN_MEMORY_ABOVE_GB = 1.0  # a worker above this after a test gives back what the test freed (tests/cost_log.py measures it)
 
 
-def _resident_gb() -> float:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024**3
-
-
 @pytest.fixture(autouse=True)
 def _worker_keeps_nothing():
     """A pytest worker runs hundreds of tests: what one test freed goes back to the system before the next, so a
     worker does not carry a large test's memory on (the objects it left, collected; glibc's free heap pages,
     returned with malloc_trim). Only when the worker is large: a collection costs milliseconds, most tests need none."""
     yield
-    if _resident_gb() > RETURN_MEMORY_ABOVE_GB:
+    from cost_log import resident_gb  # registered as a plugin above: imported here, after pytest has loaded it
+
+    if resident_gb() > RETURN_MEMORY_ABOVE_GB:
         import ctypes
         import gc
 

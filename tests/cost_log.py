@@ -1,6 +1,6 @@
 """What each test costs: wall time, the worker's resident and peak memory, and its children's peak.
 
-Loaded by tests/conftest.py. ``pytest --cost-log DIR`` writes one JSON line per test to
+Loaded by tests/conftest.py. ``pytest --cost-log=DIR`` writes one JSON line per test to
 ``DIR/<worker>.jsonl`` (``gw0``, ``gw1`` under pytest-xdist, ``main`` without it):
 
 - ``seconds``: the test's setup + call + teardown;
@@ -10,7 +10,8 @@ Loaded by tests/conftest.py. ``pytest --cost-log DIR`` writes one JSON line per 
 - ``children_peak_gb``: the largest peak of a child process that ended during the test (a launched
   training run, ``torchrun``'s workers), or null when no child's peak rose above the earlier ones.
 
-``benchmarks/suite_cost.py`` runs the suite with it and tables the result per file, per marker and per test.
+Write the option with ``=``: with a space, pytest reads DIR as a test path when it chooses the root folder (under
+xdist the workers then miss tests/conftest.py and refuse the option). ``benchmarks/suite_cost.py`` runs the suite with it and tables the result per file, per marker and per test.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from pathlib import Path
 import pytest
 
 _GB = 1024**3
+
+
+def resident_gb() -> float:
+    """This process's resident memory now, in GB."""
+    return _status_kb("VmRSS") * 1024 / _GB
 
 
 def _status_kb(field: str) -> int:
@@ -72,7 +78,7 @@ class CostLog:
             "worker": self.worker,
             "markers": sorted({m.name for m in item.iter_markers() if m.name not in ("parametrize", "usefixtures")}),
             "seconds": round(time.perf_counter() - begun, 3),
-            "rss_gb": round(_status_kb("VmRSS") * 1024 / _GB, 3),
+            "rss_gb": round(resident_gb(), 3),
             # without a reset the high-water mark is the worker's whole life's, not this test's
             "peak_gb": round(_status_kb("VmHWM") * 1024 / _GB, 3) if reset else None,
             "children_peak_gb": round(children_after * 1024 / _GB, 3) if children_after > children_before else None,
