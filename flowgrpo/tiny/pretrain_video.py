@@ -72,11 +72,12 @@ def _wan_predict(pipe, xt: torch.Tensor, sigma: torch.Tensor, captions: list[str
     return pipe.transformer(hidden_states=xt, timestep=sigma * 1000, encoder_hidden_states=embeds).sample
 
 
-def evaluate_snapshot(folder: Path, cfg: PretrainVideoConfig) -> dict:
-    """Score a saved pipeline folder on the held-out video eval prompts, as ``flowgrpo eval`` would."""
+def evaluate_snapshot(folder: Path, cfg: PretrainVideoConfig, prompts: list | None = None) -> dict:
+    """Score a saved pipeline folder on the held-out video eval prompts (or ``prompts``, some of them), as
+    ``flowgrpo eval`` would."""
     from flowgrpo.evaluate import evaluate
 
-    prompts = clips.eval_prompts()
+    prompts = clips.eval_prompts() if prompts is None else prompts
     model = snapshot_model(folder, "wan", cfg, num_frames=cfg.sizes.num_frames)
     summary, _, _ = evaluate(model, [p.text for p in prompts], "toy_video", [p.to_dict() for p in prompts],
                              seed=cfg.seed, progress=False)

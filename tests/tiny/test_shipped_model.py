@@ -96,32 +96,20 @@ def test_shipped_wan_loads_small_and_plain():
     assert size <= 20 * 2**20, f"shipped video model is {size / 2**20:.1f} MB (limit 20 MB)"
 
 
-def evaluate_wan(folder, cfg, per_task):
-    """evaluate_snapshot (the pretraining's held-out score, as ``flowgrpo eval``) on ``per_task`` prompts a task."""
-    from flowgrpo.evaluate import evaluate
-    from flowgrpo.tiny.pretrain import snapshot_model
-    from worlds.toy import clips
-
-    prompts = held_out(clips.eval_prompts(), per_task)
-    model = snapshot_model(folder, "wan", cfg, num_frames=cfg.sizes.num_frames)
-    summary, _, _ = evaluate(model, [p.text for p in prompts], "toy_video", [p.to_dict() for p in prompts],
-                             seed=cfg.seed, progress=False)
-    return summary
-
-
 def test_shipped_wan_scores_in_band_and_a_random_model_does_not(tmp_path):
     from diffusers import WanPipeline
 
-    from flowgrpo.tiny.pretrain_video import PretrainVideoConfig
+    from flowgrpo.tiny.pretrain_video import PretrainVideoConfig, evaluate_snapshot
+    from worlds.toy import clips
     from flowgrpo.tiny import TinyWanSizes, build_tiny_wan_pipeline
 
     cfg = PretrainVideoConfig()
-    shipped = evaluate_wan(WAN, cfg, WAN_SHIPPED_PER_TASK)
+    shipped = evaluate_snapshot(WAN, cfg, held_out(clips.eval_prompts(), WAN_SHIPPED_PER_TASK))
     assert FLOOR <= shipped["mean_score"] <= 0.70, shipped
     pipe = WanPipeline.from_pretrained(WAN)
     random_pipe = build_tiny_wan_pipeline(pipe.tokenizer, TinyWanSizes(), seed=1)
     random_pipe.register_modules(vae=pipe.vae)  # the trained VAE: only the transformer and text encoder are random
     random_pipe.save_pretrained(tmp_path)
     assert WanPipeline.from_pretrained(tmp_path).vae.config.latents_mean == pipe.vae.config.latents_mean
-    random = evaluate_wan(tmp_path, cfg, WAN_RANDOM_PER_TASK)
+    random = evaluate_snapshot(tmp_path, cfg, held_out(clips.eval_prompts(), WAN_RANDOM_PER_TASK))
     assert random["mean_score"] < FLOOR, random
