@@ -1,4 +1,4 @@
-"""Prompt sets: the toy splits and the papers' evaluation sets by name, or a user's .txt / .jsonl file, with
+"""Prompt sets: the toy splits, the papers' evaluation sets and the official runs' training sets by name, or a user's .txt / .jsonl file, with
 per-prompt metadata."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 import samplers
+from flowgrpo.prompt_sets import TRAINING_PROMPT_SETS, prompt_set_file
 from flowgrpo.run.errors import UserError
-from samplers.grids import STREAM_PROMPT_GROUPS, STREAM_PROMPT_IN_GROUP, STREAM_PROMPT_PASS
+from samplers.grids import STREAM_PROMPT_BATCH, STREAM_PROMPT_GROUPS, STREAM_PROMPT_IN_GROUP, STREAM_PROMPT_PASS
 from worlds import analytic
 from worlds.toy import clips, scenes
 
@@ -60,16 +61,21 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
     """Prompts and metadata from a built-in set (BUILTIN_PROMPT_SETS: 'toy-train', 'toy-eval' (toy
     images), 'toy-video-train', 'toy-video-eval' (toy videos), 'analytic-train', 'analytic-eval' (the
     analytic world)), a papers' evaluation set (EVALUATION_PROMPT_SETS: 'geneval', 'ocr-test',
-    'pickscore-test'; docs/evaluation.md), a .txt file (one prompt a line) or a .jsonl file ({"prompt": ..., "metadata":
+    'pickscore-test'; docs/evaluation.md), an official run's training set (flowgrpo/prompt_sets.py: 'geneval-train',
+    'ocr-train', 'pickscore-train', 'hpd-train'; fetched on first use), a .txt file (one prompt a line) or a .jsonl file ({"prompt": ..., "metadata":
     {...}} a line; metadata optional)."""
     if spec in BUILTIN_PROMPT_SETS:
         items = BUILTIN_PROMPT_SETS[spec]()
         prompts, metadata = [p.text for p in items], [p.to_dict() for p in items]
     else:
-        path = evaluation_prompt_file(spec) if spec in EVALUATION_PROMPT_SETS else Path(spec)
+        if spec in TRAINING_PROMPT_SETS:  # an official run's training set: shipped, fetched, or fetched now
+            path = prompt_set_file(spec)
+        else:
+            path = evaluation_prompt_file(spec) if spec in EVALUATION_PROMPT_SETS else Path(spec)
         if not path.is_file():
+            names = [*BUILTIN_PROMPT_SETS, *EVALUATION_PROMPT_SETS, *TRAINING_PROMPT_SETS]
             raise PromptFileError(
-                f"prompts {spec!r} is neither a built-in set ({', '.join([*BUILTIN_PROMPT_SETS, *EVALUATION_PROMPT_SETS])}) "
+                f"prompts {spec!r} is neither a built-in set ({', '.join(names)}) "
                 "nor an existing "
                 '.txt (one prompt a line) or .jsonl ({"prompt": ..., "metadata": {...}} a line) file'
             )
@@ -112,6 +118,23 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
     return prompts, metadata
 
 
+REAL_MODEL_PARAMETERS = 100_000_000  # a network this large is no tiny world's (tiny-sd3, tiny-wan: a few million)
+
+
+def toy_prompts_warning(spec: str, model) -> str:
+    """The start-up warning of a real model trained on a tiny world's prompts (a built-in toy or analytic set: the
+    schema's default, which a run on a real model keeps unless its preset's recipe or the user names a set), else ""."""
+    if spec not in BUILTIN_PROMPT_SETS:
+        return ""
+    network = getattr(model, "transformer", None)
+    size = sum(p.numel() for p in network.parameters()) if network is not None else 0
+    if size < REAL_MODEL_PARAMETERS:
+        return ""
+    return (f"prompts={spec!r} is the tiny world's prompt set, and this model has {size / 1e9:.1f}B parameters: a real "
+            "model trains on the prompts of its task, e.g. an official run's (`flowgrpo prompts list`: geneval-train, "
+            "ocr-train, pickscore-train, hpd-train; a preset's recipe names its launch's) or your own .txt/.jsonl file")
+
+
 def strata(metadata: list[dict], key: str, spec: str = "prompts") -> dict[str, list[int]] | None:
     """The prompt indices grouped by ``metadata[i][key]`` (train.balance_by), {value: indices} ordered by value;
     None when no prompt carries the key (a plain .txt file: every prompt is drawn uniformly).
@@ -152,3 +175,16 @@ def draw_prompt(position: int, count: int, seed: int, groups: list[list[int]] | 
     members = groups[group]
     epoch, offset = divmod(cycle, len(members))
     return members[int(permutation(len(members), STREAM_PROMPT_IN_GROUP, group, epoch)[offset])]
+
+
+def draw_batch_prompts(iteration: int, batch: int, size: int, count: int, seed: int) -> list[int]:
+    """train.prompt_draw=batch: the prompt indices of rollout batch ``batch`` of ``iteration``, ``size`` distinct
+    prompts of the ``count`` chosen at random, independently of every other batch (the Flow-GRPO-family codes'
+    DistributedKRepeatSampler draws a fresh permutation per batch and keeps its first prompts). A prompt can come
+    back in the next batch before others were ever drawn. A pure function of its arguments."""
+    if size > count:
+        raise PromptFileError(f"train.prompt_draw=batch draws {size} distinct prompts a rollout batch from a set of "
+                              f"{count}: use a larger prompt set, fewer train.prompts_per_iteration (or more "
+                              "sampling.batches_per_iteration), or train.prompt_draw=pass")
+    generator = samplers.make_generator(seed, STREAM_PROMPT_BATCH, iteration, batch)
+    return torch.randperm(count, generator=generator)[:size].tolist()

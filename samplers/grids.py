@@ -37,6 +37,7 @@ STREAM_TRAIN_DRAWS = 101  # the (t, ε) draws of the forward-process learners, p
 STREAM_PROMPT_PASS = 7  # flowgrpo.data.draw_prompt: the order of the prompts in each pass
 STREAM_PROMPT_GROUPS = 8  # ... with train.balance_by: the order of the groups in each cycle
 STREAM_PROMPT_IN_GROUP = 9  # ... and of each group's prompts in each pass over it
+STREAM_PROMPT_BATCH = 14  # ... with train.prompt_draw=batch: each rollout batch's own random choice of prompts
 STREAM_UPDATE_ORDER = 11  # the transition learner's order of its training units over the updates of an epoch
 STREAM_FORWARD_UPDATE_ORDER = 13  # the forward-process learners' order of their groups (or dealt samples)
 EVAL_SEED_OFFSET = 12345  # held-out evaluation's seed: the run's seed + this, the same at every evaluation
@@ -191,6 +192,7 @@ __all__ = [
     "EVAL_SEED_OFFSET",
     "STREAM_FORWARD_UPDATE_ORDER",
     "STREAM_INITIAL_NOISE",
+    "STREAM_PROMPT_BATCH",
     "STREAM_PROMPT_GROUPS",
     "STREAM_PROMPT_IN_GROUP",
     "STREAM_PROMPT_PASS",

@@ -211,6 +211,23 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_prompts(args) -> int:
+    """List the official training prompt sets, or fetch them (each checked against its git blob id)."""
+    from flowgrpo.prompt_sets import TRAINING_PROMPT_SETS, describe, prompt_set_file
+    from flowgrpo.run.errors import ConfigError
+
+    if args.action == "list":
+        print("\n".join(describe()))
+        return 0
+    names = list(TRAINING_PROMPT_SETS) if args.all or not args.names else args.names
+    unknown = [n for n in names if n not in TRAINING_PROMPT_SETS]
+    if unknown:
+        raise ConfigError(f"no official prompt set {unknown[0]!r}; the sets: {', '.join(TRAINING_PROMPT_SETS)}")
+    for name in names:
+        print(f"{name}: {prompt_set_file(name)}")
+    return 0
+
+
 def cmd_gallery(argv: list[str]) -> int:
     from gallery.cli import main as gallery_main
 
@@ -221,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__.split("\n\nRun ")[0], epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{eval,gallery,pretrain-toy,pretrain-toy-video,plan,config}")
+                                metavar="{eval,gallery,pretrain-toy,pretrain-toy-video,plan,prompts,config}")
 
     ev = sub.add_parser("eval", help="score a model or checkpoint on a papers' benchmark (--benchmark geneval|ocr|"
                         "pickscore: its prompts, images, seeds, settings, scorer and table) or on a prompt set with a reward")
@@ -321,6 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the training forward's saved tensors in host memory (train.activation_offload)")
     pl.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     pl.set_defaults(func=cmd_plan)
+
+    pr = sub.add_parser("prompts", help="the official runs' training prompt sets: list them, or fetch them into the "
+                        "cache (each checked against its git blob id; configs/prompts/SOURCES.md)")
+    pr.add_argument("action", choices=["list", "fetch"])
+    pr.add_argument("names", nargs="*", help="fetch: the sets (default: every one)")
+    pr.add_argument("--all", action="store_true", help="fetch: every set")
+    pr.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
+    pr.set_defaults(func=cmd_prompts)
 
     co = sub.add_parser("config", help="the fully resolved configuration of a run as YAML, each key with the layer "
                         "that set it (schema default, embedded default, tiny block, preset method, model config, "

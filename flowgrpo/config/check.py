@@ -109,6 +109,10 @@ def validate(cfg: Config) -> None:
             "(a group of 1 has zero advantage); set sampling.plan.group_size=2 or more"
         )
     t = cfg.train
+    if t.prompt_draw == "batch" and t.balance_by:
+        raise ConfigError(f"train.balance_by={t.balance_by!r} balances the passes over the prompt set, and "
+                          "train.prompt_draw=batch draws each batch at random, with no passes: set train.balance_by='' "
+                          "or train.prompt_draw=pass")
     if t.prompts_per_iteration % cfg.sampling.batches_per_iteration:
         raise ConfigError(
             f"train.prompts_per_iteration={t.prompts_per_iteration} is not divisible by "

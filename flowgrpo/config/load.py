@@ -5,6 +5,7 @@ with the layer that set each key kept (``Resolved.provenance``, printed by ``flo
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import io
@@ -279,7 +280,19 @@ def apply_overrides(merged: DictConfig, layers: list, dotlist: DictConfig | None
         raise ConfigError(f"rewards={cfg.rewards!r}: write each reward as {{name: NAME, weight: W}} (with a space after "
                           "each colon, or YAML reads 'name:toy' as one key), e.g. rewards='[{name: toy_dense, weight: 1.0}]'") from None
     validate(cfg)
+    cfg.rewards = with_reward_options(cfg.rewards, cfg.reward_options)
     return Resolved(cfg, layers)
+
+
+def with_reward_options(rewards: list, options: dict) -> list:
+    """Each reward with ``reward_options[its name]`` under its own kwargs (its own win): a preset's recipe says how the
+    official run's scorer scales a reward without knowing where in the rewards list the user puts it."""
+    for name, table in options.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"reward_options.{name}={table!r} is not a mapping of the reward's options; write e.g. "
+                              "reward_options='{pickscore: {divide_by: 26}}'")
+    return [dataclasses.replace(r, kwargs={**options[r.name], **r.kwargs}) if options.get(r.name) else r
+            for r in rewards]
 
 
 def _leaves(node, prefix: str = "") -> dict:

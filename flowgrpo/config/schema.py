@@ -272,6 +272,11 @@ class TrainConfig:
     # order. "" (or a prompt set whose prompts carry no such key, e.g. a .txt file) draws every prompt once
     # per pass; a set where only some prompts carry it is refused.
     balance_by: str = key(TEXT, "")
+    # how each rollout batch's prompts are drawn: pass (a seeded permutation per pass over the set: every prompt once a
+    # pass) | batch (each rollout batch a fresh random choice of distinct prompts, independent of the other batches, so
+    # a prompt can come back before the others have been seen and, drawn twice in an iteration, its samples form one
+    # group: the Flow-GRPO-family codes' DistributedKRepeatSampler with their per-prompt stat tracker)
+    prompt_draw: str = key(one_of("pass", "batch"), "pass")
     cpu: bool = key(FLAG, False)  # force CPU (and make accelerate run distributed on CPU with gloo)
     # keep the activations the training forward saves for its backward in host memory (torch's save_on_cpu, pinned
     # where CUDA) instead of on the device: the same gradients, slower; docs/scaling.md, "What a video sample holds"
@@ -343,10 +348,16 @@ class Config:
     # process is busy on, shared by this machine's processes; flowgrpo/run/threads.py), N = exactly N; printed at start-up
     threads: int = key(Rule(lambda v: _number(v) and v >= 0,
                                              "a number >= 0 (0 = automatic, N = exactly N CPU threads)"), 0)
-    prompts: str = key(TEXT, "toy-train")  # training prompts: toy-train | a .txt or .jsonl file
+    # training prompts: toy-train | an official training set (flowgrpo/prompt_sets.py, `flowgrpo prompts list`: a
+    # preset's recipe names its launch's) | a .txt or .jsonl file
+    prompts: str = key(TEXT, "toy-train")
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     rewards: list = field(default_factory=lambda: [RewardSpec()])  # list of RewardSpec
+    # reward name -> constructor options every rewards[] entry of that name takes unless it sets them in its own kwargs
+    # (a preset's recipe: how the official run's scorer scales that reward, e.g. {pickscore: {divide_by: 26}});
+    # folded into each entry's kwargs when the config resolves, so `flowgrpo config` shows what each reward is built with
+    reward_options: dict = key(MAPPING, factory=dict)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)

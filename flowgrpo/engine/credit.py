@@ -48,8 +48,9 @@ def assign(records: list, slots: list[list[int]], local_rewards: torch.Tensor, w
            local_features: torch.Tensor | None = None) -> tuple[Advantages, dict]:
     """Advantages of this process's rollout batches and the iteration's statistics.
 
-    ``records``: each batch's ``Trajectory`` (its bookkeeping on the CPU); ``slots``: each batch's global
-    prompt slots; ``local_rewards`` [L, K]: this process's leaves' rewards in batch and leaf order;
+    ``records``: each batch's ``Trajectory`` (its bookkeeping on the CPU); ``slots``: each batch's group key per
+    prompt row (its global prompt slot; with train.prompt_draw=batch the prompt's index, so that a prompt drawn into
+    two batches is one group: rollout.PromptDraws.group_keys); ``local_rewards`` [L, K]: this process's leaves' rewards in batch and leaf order;
     ``weights`` [K]; ``cfg``: the advantage section of the config; ``tree``: whether the plan branches
     (BranchGRPO's depth-wise values); ``gather``: concatenates a tensor over processes in rank order.
     Statistics are over every process's leaves (identical on 1 or N processes); ``leaf_rewards`` and

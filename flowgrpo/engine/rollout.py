@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 import samplers
-from flowgrpo.data import draw_prompt
+from flowgrpo.data import draw_batch_prompts, draw_prompt
 
 
 @dataclass
@@ -26,6 +26,7 @@ class Batch:
     record: samplers.Trajectory
     cond: object  # Conditioning rows of this batch's prompts (record.cond_index points into it)
     slots: list[int]  # global prompt slot of each prompt row in the iteration
+    keys: list[int]  # each prompt row's group key for the advantages (PromptDraws.group_keys)
     texts: list[str]
     metadata: list[dict]
     images: torch.Tensor  # [L, 3, H, W] leaves decoded, in [0, 1] ([L, F, 3, H, W] for video models)
@@ -41,6 +42,10 @@ class PromptDraws:
         self.groups = strata and list(strata.values())
         self.per_iteration, self.seed, self.batches = train.prompts_per_iteration, train.seed, batches
         self.rank, self.world = rank, world
+        self.per_batch_draw = train.prompt_draw == "batch"
+        self._batch_draws: dict = {}  # (iteration, batch) -> its prompt indices (prompt_draw=batch)
+        if self.per_batch_draw:  # refused at start-up, not at the first iteration
+            draw_batch_prompts(0, 0, self.per_iteration // batches, len(prompts), self.seed)
 
     def iteration_slots(self, iteration: int) -> list[list[int]]:
         """Global prompt slots of each rollout batch for this process."""
@@ -48,8 +53,22 @@ class PromptDraws:
         return [list(range(b * per, (b + 1) * per))[self.rank :: self.world] for b in range(self.batches)]
 
     def dataset_index(self, iteration: int, slot: int) -> int:
-        """Which prompt fills a slot (data.draw_prompt: uniform passes, or balanced over train.balance_by)."""
-        return draw_prompt(iteration * self.per_iteration + slot, len(self.prompts), self.seed, self.groups)
+        """Which prompt fills a slot (train.prompt_draw: data.draw_prompt's uniform passes, or balanced over
+        train.balance_by; or each batch's own random choice, data.draw_batch_prompts)."""
+        if not self.per_batch_draw:
+            return draw_prompt(iteration * self.per_iteration + slot, len(self.prompts), self.seed, self.groups)
+        batch, offset = divmod(slot, self.per_iteration // self.batches)
+        if (iteration, batch) not in self._batch_draws:
+            self._batch_draws = {key: v for key, v in self._batch_draws.items() if key[0] >= iteration}
+            self._batch_draws[iteration, batch] = draw_batch_prompts(iteration, batch, self.per_iteration // self.batches,
+                                                                     len(self.prompts), self.seed)
+        return self._batch_draws[iteration, batch][offset]
+
+    def group_keys(self, iteration: int, slots: list[int]) -> list[int]:
+        """What makes a group for the advantages, per slot: the slot itself (each slot its own group), or with
+        train.prompt_draw=batch the prompt drawn into it, so a prompt drawn into two batches of an iteration is one
+        group (the official stat trackers key their groups by prompt)."""
+        return [self.dataset_index(iteration, s) for s in slots] if self.per_batch_draw else list(slots)
 
 
 @torch.no_grad()
@@ -63,6 +82,7 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
     batches = []
     for slots in draws.iteration_slots(iteration):
         idx = [draws.dataset_index(iteration, s) for s in slots]
+        keys = draws.group_keys(iteration, slots)
         texts, metadata = [draws.prompts[i] for i in idx], [draws.metadata[i] for i in idx]
         cond = model.encode_prompts(texts)
         with policy.sampling_with(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):
@@ -85,12 +105,12 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
         # default's 64 clips falls from 0.2-0.3 s to one chunk's scoring, benchmarks/bench_overhead.py)
         media, scores = [], []
         if not policy.layout.leader:  # context parallelism: the group's first process decodes and scores
-            batches.append(Batch(record, cond, slots, texts, metadata, torch.empty(0), []))
+            batches.append(Batch(record, cond, slots, keys, texts, metadata, torch.empty(0), []))
             continue
         for i in range(0, record.num_leaves, chunk):
             media.append(model.decode(record.latents("leaf_state", slice(i, i + chunk))).cpu())
             scores.append(scoring.submit(media[-1], leaf_texts[i : i + chunk], leaf_meta[i : i + chunk]))
-        batches.append(Batch(record, cond, slots, texts, metadata, torch.cat(media), scores))
+        batches.append(Batch(record, cond, slots, keys, texts, metadata, torch.cat(media), scores))
     return batches
 
 

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowgrpo.config import Config, processes_check, schema_defaults, to_yaml
-from flowgrpo.data import read_prompts, strata
+from flowgrpo.data import read_prompts, strata, toy_prompts_warning
 from flowgrpo.engine import checkpointing, credit, rollout
 from flowgrpo.models.copies import warmed_decay
 from flowgrpo.engine.evaluation import HeldOut
@@ -86,6 +86,9 @@ class Trainer:
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard,
                                 wandb=cfg.log.wandb)
         self.scoring.writer = self.writer
+        toy_prompts = toy_prompts_warning(cfg.prompts, self.model)
+        if toy_prompts:
+            self.writer.warn(toy_prompts)
         self.held_out = HeldOut(cfg, self.writer, self.modality)
         self.noise = NoiseReport(self.policy.probe, t.prompts_per_iteration // t.updates_per_epoch,
                                  forward_learner=not self.learner.needs_transitions)
@@ -109,7 +112,7 @@ class Trainer:
                                                               credit.leaf_features([b.images for b in batches])
                                                               if self.cfg.advantage.diversity else None))
         records = [b.record.bookkeeping_on_cpu() for b in batches]  # rewards and advantages live on the CPU
-        advantages, stats = credit.assign(records, [b.slots for b in batches], local_rewards, self.scoring.weights,
+        advantages, stats = credit.assign(records, [b.keys for b in batches], local_rewards, self.scoring.weights,
                                           self.cfg.advantage, plan.branches, self.policy.gather, layout.data_rank, features)
         stats.update(self.scoring.statistics(stats.pop("all_rewards")))
         return advantages, stats

@@ -265,3 +265,18 @@ def test_the_fuzz_fails_on_a_rule_skipped_and_on_a_key_the_entry_point_lets_thro
     with pytest.raises(AssertionError, match=rf"^{key}=nope-1: the config checks refuse it .* but the entry point "
                                              "accepted it"):
         _fuzz(monkeypatch, capsys, tmp_path / "through", program, default, extra, [key])
+
+
+def test_reward_options_go_under_each_rewards_own_kwargs_by_name():
+    """reward_options (a preset's recipe: the official scorer's scale) reach every reward of that name wherever it
+    sits in rewards[], and the entry's own kwargs win; a non-mapping is one line naming the fix."""
+    from flowgrpo.config import load_config
+    from flowgrpo.run.errors import ConfigError
+
+    cfg = load_config(None, None, ["reward_options={pickscore: {divide_by: 26}, clipscore: {divide_by: 100}}",
+                                   "rewards=[{name: toy}, {name: pickscore}, {name: pickscore, kwargs: {divide_by: 2}}]"])
+    assert [r.kwargs for r in cfg.rewards] == [{}, {"divide_by": 26}, {"divide_by": 2}]
+    with pytest.raises(ConfigError, match=r"reward_options.pickscore=3 is not a mapping.*divide_by: 26"):
+        load_config(None, None, ["reward_options={pickscore: 3}"])
+    with pytest.raises(ConfigError, match=r"train.balance_by='task'.*train.prompt_draw=batch"):
+        load_config(None, None, ["train.balance_by=task", "train.prompt_draw=batch"])

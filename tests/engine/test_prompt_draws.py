@@ -39,3 +39,85 @@ def test_balancing_needs_the_key_on_every_prompt_or_on_none():
     assert strata([{}, {"other": 1}], "task") is None  # e.g. a .txt file: drawn uniformly
     with pytest.raises(PromptFileError, match=r"prompt 1 of 'mine.jsonl' has no metadata 'task' while others do.*balance_by=''"):
         strata([{"task": "a"}, {}], "task", "mine.jsonl")
+
+
+def test_batch_draws_are_each_batchs_own_random_choice_and_a_repeated_prompt_is_one_group():
+    """train.prompt_draw=batch (the Flow-GRPO-family codes' sampler): each rollout batch holds distinct prompts drawn
+    afresh, so a prompt comes back before the pass is over and, drawn into two batches of an iteration, its samples
+    are one group; pass draws keep every slot its own group."""
+    from types import SimpleNamespace
+
+    from flowgrpo.data import draw_batch_prompts
+    from flowgrpo.engine.rollout import PromptDraws
+
+    count, size = 10, 4
+    batches = [draw_batch_prompts(it, b, size, count, seed=3) for it in range(6) for b in range(2)]
+    assert all(len(set(b)) == size and all(0 <= i < count for i in b) for b in batches)
+    assert draw_batch_prompts(2, 1, size, count, 3) == batches[5]  # a pure function of (seed, iteration, batch)
+    seen, repeated_early = set(), False  # once per pass would show all 10 before any prompt comes back
+    for b in batches:
+        repeated_early |= bool(seen & set(b)) and len(seen) < count
+        seen |= set(b)
+    assert repeated_early
+    with pytest.raises(PromptFileError, match=r"draws 11 distinct prompts a rollout batch from a set of 10"):
+        draw_batch_prompts(0, 0, 11, count, 0)
+
+    prompts = [f"p{i}" for i in range(3)]
+    train = SimpleNamespace(prompts_per_iteration=6, seed=0, prompt_draw="batch")
+    draws = PromptDraws(prompts, [{}] * 3, None, train, batches=2, rank=0, world=1)
+    slots = draws.iteration_slots(0)
+    keys = [draws.group_keys(0, s) for s in slots]
+    assert sorted(keys[0]) == sorted(keys[1]) == [0, 1, 2]  # both batches hold all 3 prompts: 3 groups, not 6
+    assert keys == [[draws.dataset_index(0, s) for s in batch] for batch in slots]
+    train.prompt_draw = "pass"
+    draws = PromptDraws(prompts * 2, [{}] * 6, None, train, batches=2, rank=0, world=1)
+    assert [draws.group_keys(0, s) for s in draws.iteration_slots(0)] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_the_official_training_sets_are_checked_by_their_git_blob_id_shipped_or_fetched(tmp_path, monkeypatch):
+    import subprocess
+
+    from flowgrpo import prompt_sets
+    from flowgrpo.prompt_sets import TRAINING_PROMPT_SETS, PromptSetError, git_blob_id, prompt_set_file
+
+    shipped = prompt_set_file("pickscore-train", fetch=False)
+    assert git_blob_id(shipped.read_bytes()) == TRAINING_PROMPT_SETS["pickscore-train"].blob
+    prompts, _ = read_prompts("pickscore-train")
+    assert len(prompts) == 25432
+    assert subprocess.run(["git", "hash-object", str(shipped)], capture_output=True, text=True).stdout.strip() == \
+        TRAINING_PROMPT_SETS["pickscore-train"].blob  # the id is git's own
+
+    # a fetched set: served by a mirror (file://), checked, cached; wrong bytes are refused and nothing is kept
+    monkeypatch.setenv("FLOWGRPO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FLOWGRPO_PROMPTS_URL", (tmp_path / "mirror").as_uri() + "/{repository}/{commit}/{path}")
+    official = b"a red sign that says hello\na cat\n"
+    s = TRAINING_PROMPT_SETS["ocr-train"]
+    monkeypatch.setitem(TRAINING_PROMPT_SETS, "ocr-train", prompt_sets.PromptSet(
+        s.name, s.repository, s.commit, s.path, git_blob_id(official), s.licence, s.what))
+    served = tmp_path / "mirror" / s.repository / s.commit / s.path
+    served.parent.mkdir(parents=True)
+    served.write_bytes(b"a tampered file\n")
+    with pytest.raises(PromptSetError, match="whose git blob id is .* not the official file's .*nothing was kept"):
+        read_prompts("ocr-train")
+    assert not (tmp_path / "cache" / "prompts" / "ocr-train.txt").exists()
+    served.write_bytes(official)
+    assert read_prompts("ocr-train")[0] == ["a red sign that says hello", "a cat"]
+    served.unlink()  # read from the cache now
+    assert read_prompts("ocr-train")[0] == ["a red sign that says hello", "a cat"]
+    with pytest.raises(PromptSetError, match=r"could not be fetched from .*flowgrpo prompts fetch geneval-train"):
+        read_prompts("geneval-train")
+
+
+def test_a_real_model_on_the_tiny_worlds_prompts_is_warned_and_a_tiny_one_is_not():
+    from types import SimpleNamespace
+
+    import torch
+
+    from flowgrpo.data import toy_prompts_warning
+
+    real = SimpleNamespace(transformer=torch.nn.Linear(12_000, 12_000, device="meta"))  # 144M parameters, no memory
+    tiny = SimpleNamespace(transformer=torch.nn.Linear(100, 100))
+    assert "prompts='toy-train' is the tiny world's prompt set" in toy_prompts_warning("toy-train", real)
+    assert "geneval-train" in toy_prompts_warning("toy-train", real)
+    assert toy_prompts_warning("toy-train", tiny) == ""
+    assert toy_prompts_warning("pickscore-train", real) == ""
