@@ -63,7 +63,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "reproduce"))  # parity: the per-step noise recorder
 
 from parity import recorded_step_noise  # noqa: E402  (the executor's per-step ε, kept in order)
 

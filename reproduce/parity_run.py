@@ -1,8 +1,8 @@
 """Trajectory parity of every preset with its official sampler, step by step (docs/results/peer_parity.md).
 
-    FLOW_GRPO_PATH=... DANCEGRPO_PATH=... python benchmarks/peer_parity.py [code ...] [--out FILE]
+    FLOW_GRPO_PATH=... DANCEGRPO_PATH=... python reproduce/parity_run.py [code ...] [--out FILE]
 
-Runs ``benchmarks/parity/<code>.py`` for every code base whose checkout variable is set (docs/official/README.md
+Runs ``reproduce/parity/<code>.py`` for every code base whose checkout variable is set (reproduce/README.md
 names them), prints one line per compared method (the largest σ, x' and log-prob differences, each within
 TOLERANCE_ULPS float32 ulps of the values' magnitude) and writes the per-step rows to docs/results/peer_parity.json.
 Exit status 1 when any method differs.

@@ -20,9 +20,9 @@ is typed by hand:
   match exactly once (a moved or changed constant fails the extraction instead of going stale).
 
 Each repository has a module beside this one (``official/<code>.py``) that names its checkout's environment
-variable, the presets that follow its code, and its runs; ``benchmarks/official/extract.py`` writes one data file per
-preset to docs/official/data/, and docs/official/map/<code>.yaml says what each official key is in flowgrpo
-(``benchmarks/official/mapping.py``, tests/engine/test_official_recipes.py). docs/official/README.md has the formats.
+variable, the presets that follow its code, and its runs; ``reproduce/official/extract.py`` writes one data file per
+preset to reproduce/official/data/, and reproduce/official/map/<code>.yaml says what each official key is in flowgrpo
+(``reproduce/official/mapping.py``, tests/engine/test_official_recipes.py). reproduce/README.md has the formats.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "docs" / "official" / "data"
-MAPS = ROOT / "docs" / "official" / "map"
+DATA = Path(__file__).resolve().parent / "data"
+MAPS = Path(__file__).resolve().parent / "map"
 
 
 class ExtractionError(RuntimeError):
@@ -637,7 +637,7 @@ def code_fact(checkout: Checkout, relpath: str, pattern: str, convert=ast.litera
 
 # ---------------------------------------------------------------------------------------------------- data files
 def write_data(preset: str, checkout: Checkout, launches: list[Launch], note: str = "") -> Path:
-    """docs/official/data/<preset>.yaml: the launches, every value with its source, sorted keys."""
+    """reproduce/official/data/<preset>.yaml: the launches, every value with its source, sorted keys."""
     import yaml
 
     # the files the sources and entries cite (``file:line``; a paper's, official/papers.py, cite none)
@@ -647,7 +647,7 @@ def write_data(preset: str, checkout: Checkout, launches: list[Launch], note: st
         "preset": preset,
         "repository": checkout.repository,
         "commits": {f: checkout.commit_of(f) for f in files},
-        "generated_by": f"benchmarks/official/extract.py ({checkout.env})",
+        "generated_by": f"reproduce/official/extract.py ({checkout.env})",
         "note": note,
         "launches": {
             launch.name: {
@@ -661,8 +661,8 @@ def write_data(preset: str, checkout: Checkout, launches: list[Launch], note: st
     }
     DATA.mkdir(parents=True, exist_ok=True)
     path = DATA / f"{preset}.yaml"
-    header = (f"# The official launches of `{preset}`, read from {checkout.repository} by benchmarks/official/extract.py;\n"
-              "# do not edit: rerun the extraction (docs/official/README.md).\n")
+    header = (f"# The official launches of `{preset}`, read from {checkout.repository} by reproduce/official/extract.py;\n"
+              "# do not edit: rerun the extraction (reproduce/README.md).\n")
     path.write_text(header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120))
     return path
 

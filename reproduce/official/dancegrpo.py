@@ -24,7 +24,7 @@ NOTES = {
              "read file by file here, not checked out, so these are DanceGRPO's launches. Where G²RPO's run "
              "(scripts/finetune/finetune_g2rpo_hps.sh) differs (an ODE trunk with one-step Flow-GRPO SDE branches at "
              "steps 0-7, 12 children each, lr 2e-6, an optimizer step per branch step) is listed in "
-             "docs/official/map/dancegrpo.yaml; its multi-granularity advantage (each child finished by ODE at "
+             "reproduce/official/map/dancegrpo.yaml; its multi-granularity advantage (each child finished by ODE at "
              "strides 1 and 2, each stride's rewards z-scored among the siblings and summed), which no DanceGRPO key "
              "carries, is built (the preset's sampling.plan.side_strides [1, 2]).",
 }

@@ -1,16 +1,16 @@
-"""Write docs/official/data/<preset>.yaml from the official repositories' checkouts.
+"""Write reproduce/official/data/<preset>.yaml from the official repositories' checkouts.
 
-    python benchmarks/official/extract.py                 every code base whose checkout variable is set (and
+    python reproduce/official/extract.py                  every code base whose checkout variable is set (and
                                                           papers, which needs none)
-    python benchmarks/official/extract.py flow_grpo dgpo  those code bases (benchmarks/official/<code>.py)
-    python benchmarks/official/extract.py --list          the code bases, their variables and presets
+    python reproduce/official/extract.py flow_grpo dgpo   those code bases (reproduce/official/<code>.py)
+    python reproduce/official/extract.py --list           the code bases, their variables and presets
 
 Each code base's module names its repository, the environment variable with the path of its checkout (a git
-checkout, or a folder whose COMMIT file names the commit of each file: docs/official/README.md), the presets that
+checkout, or a folder whose COMMIT file names the commit of each file: reproduce/README.md), the presets that
 follow its code and ``launches(checkout, preset)``: every official launch of that preset, each value read from the
 checkout with its source. ml_collections configs are executed (``pip install -e ".[official]"``); nothing else of the
 checkout runs. A value the readers cannot find fails the extraction with the file and pattern. ``papers``
-(benchmarks/official/papers.py) reads no checkout (its ``ENV`` is None): the presets whose code could not be read
+(reproduce/official/papers.py) reads no checkout (its ``ENV`` is None): the presets whose code could not be read
 take the runs their papers state, written there as tables, its ``source(preset)`` standing in for the checkout.
 """
 

@@ -85,7 +85,7 @@ RUNS = {
 NOTES = {
     "tempflow": "TempFlow-GRPO has no public code (Shredded-Pork/TempFlow-GRPO holds its README only); its paper builds "
                 "on Flow-GRPO's SD3.5-M training, whose launches these are. Its own method (ODE trunk, branch steps, "
-                "noise-aware weights) is listed as differences in docs/official/map/flow_grpo.yaml.",
+                "noise-aware weights) is listed as differences in reproduce/official/map/flow_grpo.yaml.",
     "op_grpo": "OP-GRPO has no public code (its paper, arXiv 2604.04142, \"OP-GRPO: Efficient Off-Policy GRPO for "
                "Flow-Matching Models\", Zhejiang University / Huawei, is all there is); its paper builds on Flow-GRPO's "
                "SD3.5-M training (it reports results comparable to or better than Flow-GRPO's with 34.2% of the "

@@ -1,6 +1,6 @@
 """What each official key is in flowgrpo, and whether a preset's run resolves to the official value.
 
-A map (docs/official/map/<code>.yaml, one per official code base) has:
+A map (reproduce/official/map/<code>.yaml, one per official code base) has:
 
 - ``presets``: the presets that follow this code (a preset without public code, GRPO-Guard, TempFlow, takes the
   code its paper builds on, and says where it differs under ``differs``).
@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from official import DATA, MAPS, read_data
+from official import DATA, MAPS, ROOT, read_data
 
 NONE_KINDS = {
     "logging": "what it logs or where (wandb, log and save folders, run names, intervals)",
@@ -64,7 +64,7 @@ def check_fields(table, code: str):
         if node.keys() & {"kind", "why", "key", "part_of"}:
             extra = sorted(set(node) - ENTRY_FIELDS)
             if extra:
-                raise ValueError(f"docs/official/map/{code}.yaml {path}: unknown field(s) {extra}; quote a reason "
+                raise ValueError(f"reproduce/official/map/{code}.yaml {path}: unknown field(s) {extra}; quote a reason "
                                  "that holds a comma")
         for k, v in node.items():
             walk(v, f"{path}/{k}")
@@ -80,7 +80,7 @@ def codes() -> list[str]:
 def code_of(preset: str) -> str:
     found = [code for code in codes() if preset in load_map(code).get("presets", [])]
     if len(found) != 1:
-        raise LookupError(f"preset {preset!r} is listed by {len(found)} maps in docs/official/map/ (expected 1)")
+        raise LookupError(f"preset {preset!r} is listed by {len(found)} maps in reproduce/official/map/ (expected 1)")
     return found[0]
 
 
@@ -203,7 +203,7 @@ def check(preset: str, resolve=None) -> list[Row]:
     table = load_map(code_of(preset))
     rows: list[Row] = []
     for name, launch in data["launches"].items():
-        family = yaml.safe_load((DATA.parents[2] / "configs" / "models" / f"{launch['model']}.yaml").read_text())["family"]
+        family = yaml.safe_load((ROOT / "configs" / "models" / f"{launch['model']}.yaml").read_text())["family"]
         default = "default_t2v" if FAMILIES[family].modality == "video" else "default"
         cfg = resolve(preset, launch["model"], overrides_for(launch), default=default).config
         values = {k: entry["value"] for k, entry in launch["values"].items()}
@@ -262,4 +262,4 @@ def official_keys_in(expression: str) -> list[str]:
 
 
 def _path(p: Path) -> str:
-    return str(p.relative_to(DATA.parents[2]))
+    return str(p.relative_to(ROOT))

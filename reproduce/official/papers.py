@@ -9,8 +9,8 @@ rate and group size, ...) is absent, its preset's comment saying what flowgrpo r
 (a step count read from an NFE sum, the code base a paper builds on) is written as the paper's.
 
 Keys are the papers' own terms, not a config's (there is no config to read): ``tree.k``, ``likelihood.n_mc``, ...;
-docs/official/map/papers.yaml says what each is in flowgrpo. Nothing is read from a checkout: ``ENV`` is None, and
-``source(preset)`` gives write_data the paper in its stead (``benchmarks/official/extract.py papers`` writes the
+reproduce/official/map/papers.yaml says what each is in flowgrpo. Nothing is read from a checkout: ``ENV`` is None, and
+``source(preset)`` gives write_data the paper in its stead (``reproduce/official/extract.py papers`` writes the
 data; rerun it after editing a table here). A source never contains a colon: write_data takes ``file:line`` sources
 as files of a checkout, and a paper has none (its data's ``commits`` are empty).
 """
@@ -43,7 +43,7 @@ NOTES = {
         "2512.08153, ICLR 2026): this is the paper's SD3.5-Medium run on HPS-v2.1 (Table 1, the default tree of "
         "Table 3) as two secondary copies of the paper reproduce it, an English paper note on en.papernotes.org "
         "('[Paper Note] TreeGRPO') and a Chinese paper note quoting its Eq. 7-12 (the OpenReview reviews of forum "
-        "3rZdp4TmUb agree on the comparisons). Values are written in benchmarks/official/papers.py, each with the "
+        "3rZdp4TmUb agree on the comparisons). Values are written in reproduce/official/papers.py, each with the "
         "paper's place and the copy; what the paper leaves open (the SDE's noise level, the clip range, the CFG "
         "scale, the resolution, updates an epoch) is absent and flowgrpo's choice (configs/presets/treegrpo.yaml)."
     ),
@@ -53,7 +53,7 @@ NOTES = {
         "them: chengYi-xun's V-GRPO blog post (github.com/chengYi-xun/chengYi-xun, source/_posts/60-v-grpo.md: "
         "Tables 1/2/3/5, Figs. 1-8, Alg. 1), a Chinese V-GRPO note, and the design notes of a third-party "
         "re-implementation quoting the paper's method sections and appendix (the stage-1 recipe, Eq. 14-17). Values "
-        "are written in benchmarks/official/papers.py, each with the paper's place and the copy; what they leave "
+        "are written in reproduce/official/papers.py, each with the paper's place and the copy; what they leave "
         "open (FLUX's group size, learning rate, fine-tuning and reward weights; the advantage's std; the clip range "
         "of the FLUX run; the optimizer) is absent and flowgrpo's choice (configs/presets/vgrpo.yaml)."
     ),
@@ -67,7 +67,7 @@ class Paper:
     colon)."""
 
     repository: str
-    env: str = "no checkout: the paper's values, written in benchmarks/official/papers.py"
+    env: str = "no checkout: the paper's values, written in reproduce/official/papers.py"
     commits: dict[str, str] = field(default_factory=dict)
 
     def commit_of(self, relpath: str) -> str:

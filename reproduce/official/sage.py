@@ -8,7 +8,7 @@ Tencent-Hunyuan/HunyuanVideo-1.5 (``HUNYUANVIDEO_1_5_PATH``), cited as ``<reposi
 The code trains HunyuanVideo-1.5 only; flowgrpo ships no HunyuanVideo config, so the launch is composed with
 wan2_1_t2v_14b (a single video transformer at the same flow shift 5 and 81 frames; Wan2.2-A14B's two experts run at
 shift 12 with two guidance scales). Its keys of HunyuanVideo's own (resolution bucket, VAE, text encoders, input
-layout) are listed as such in docs/official/map/sage.yaml.
+layout) are listed as such in reproduce/official/map/sage.yaml.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ NOTES = {"egrpo": "E-GRPO's FLUX.1-dev HPS run: scripts/finetune/train_grpo_merg
                   "`if index % self.num_generations == 0`, flux_sampler.py:507), so the second sample's empty lists "
                   "make torch.stack raise (flux_sampler.py:583) and the launch stops in its first rollout; flowgrpo "
                   "runs the evident intent (G²RPO's loop: 12 children per branch step) and the keys are mapped to it "
-                  "(docs/official/map/visualgrpo.yaml)."}
+                  "(reproduce/official/map/visualgrpo.yaml)."}
 
 
 # ----------------------------------------------------------------------------------------------- the launch

@@ -1,13 +1,13 @@
 """Trajectory parity with the official samplers: the pieces every code base's comparison shares.
 
 Each module beside this one (``parity/<code>.py``) runs one official repository's sampler (loaded from the checkout
-its environment variable names, benchmarks/official's ``Checkout``) and flowgrpo's plan of the matching preset, as the
+its environment variable names, reproduce/official's ``Checkout``) and flowgrpo's plan of the matching preset, as the
 preset's recipe resolves it on the real model config, on one tiny model of that family: the same weights, text
 embeddings, x_T and per-step noise on both sides (the official code's draws are fed flowgrpo's, in order). It returns
 ``MethodReport``s: per step the σ each side steps from and to, which steps each side makes stochastic and trains,
 the largest |x'_ours − x'_theirs| and |log p_ours − log p_theirs|, each against its tolerance (``TOLERANCE_ULPS``
-float32 ulps of the values' largest magnitude). ``benchmarks/peer_parity.py`` runs them all and writes
-docs/results/peer_parity.json; tests/benchmarks/test_peer_parity_*.py run each where its variable is set.
+float32 ulps of the values' largest magnitude). ``reproduce/parity_run.py`` runs them all and writes
+docs/results/peer_parity.json; tests/reproduce/test_peer_parity_*.py run each where its variable is set.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 The official side is loaded from the checkout at run time (``AWM_PATH``, the repository's root): its pipeline
 ``pipeline_with_logprob`` (flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py) with its own SA-Solver
 (sa_solver.py), imported under a private package name (the checkout's ``flow_grpo`` package would collide with
-Flow-GRPO's), and its launch configs (config/dgx_awm.py, run by benchmarks/official's ml_collections reader) for
+Flow-GRPO's), and its launch configs (config/dgx_awm.py, run by reproduce/official's ml_collections reader) for
 the values it passes (steps, τ = sample.noise_level, guidance, use_sa_solver). Nothing of the checkout is copied.
 
 - **Rollout** (GenEval's τ = 0.4 and PickScore's τ = 0): flowgrpo's plan is the ``awm`` preset's recipe as it

@@ -5,20 +5,20 @@ project): from fastvideo/train_branchgrpo_flux.py the definitions of ``sample_re
 the tree of one prompt through ``run_tree_sample_step``: split steps, split noise, the -Mix window's ODE steps; the
 decode of every leaf for its reward), ``flux_step_with_split``, ``TreeNode``, ``parse_split_points``, the depth-wise
 advantages (``compute_node_rewards_from_leaves``, ``compute_hierarchical_advantages_by_depth``) and the helpers are
-read with ``ast`` and executed with each launch's arguments (benchmarks/official/branchgrpo.py: the launch script as it
+read with ``ast`` and executed with each launch's arguments (reproduce/official/branchgrpo.py: the launch script as it
 runs, and with MIX_ODE_SDE_TREE=true), then the statements of ``train_one_step_tree`` from ``root_nodes = []`` to
 ``num_samples_per_step = ...``: the advantages of every node, the trained transitions (the -Mix filter, the pruning
 switches), their shuffle and the loss's per-tree count. Its reward model is a stand-in; the advantages are compared
 on one set of leaf rewards fed to both sides.
 
-As in benchmarks/parity/dancegrpo.py (whose tiny FLUX with FLUX's 16 latent channels, draw feeder, ``torch``
+As in reproduce/parity/dancegrpo.py (whose tiny FLUX with FLUX's 16 latent channels, draw feeder, ``torch``
 stand-in and rollout this uses): the same model, text embeddings, x_T and every SDE edge's ε on both sides (the
 official ``randn_like`` of each node and child, in its order: node by node, child by child); the official bfloat16
 casts (it stores every node's latent in bfloat16) run at float32.
 
 flowgrpo's side is the preset's plan as its recipe resolves on FLUX.1-dev with ``sampling.plan.split_noise=
 scaled_compat``, the code's split noise (each child μ + s·c·η_b with its own η_b, scored with s): flowgrpo's default is
-the paper's correlated form, a deliberate difference (docs/official/map/branchgrpo.yaml, code.split_noise) that the
+the paper's correlated form, a deliberate difference (reproduce/official/map/branchgrpo.yaml, code.split_noise) that the
 notes measure on flowgrpo's own default rollout. The rest is the recipe's: the float32 grid (grid linear_float32, whose
 σ_6 = 0.87499994 as the official's), the network told ⌊1000σ⌋ (sampling.integer_timesteps, inside
 ``model.integer_timesteps`` as flowgrpo's rollout runs it), the last step trained (sampling.plan.train_last) and the
@@ -42,7 +42,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: official, parity
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # reproduce/: official, parity
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: flowgrpo, samplers
 
 from official import Checkout  # noqa: E402
@@ -309,7 +309,7 @@ def run(checkout: Checkout, presets: tuple[str, ...] = PRESETS, split_noise: str
         return [compare(checkout, preset, folder, split_noise, overrides) for preset in presets]
 
 
-if __name__ == "__main__":  # python benchmarks/parity/branchgrpo.py (BRANCHGRPO_PATH set)
+if __name__ == "__main__":  # python reproduce/parity/branchgrpo.py (BRANCHGRPO_PATH set)
     from official.branchgrpo import ENV, REPOSITORY
 
     for r in run(Checkout.from_env(REPOSITORY, ENV)):

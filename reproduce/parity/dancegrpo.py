@@ -6,7 +6,7 @@ does not need, the definitions of ``sample_reference_model`` (the σ grid: linsp
 draw for the group with --init_same_noise; one sample at a time through ``run_sample_step``; the decode of each
 sample for its reward), ``run_sample_step``, ``flux_step``, ``sd3_time_shift`` and the packing helpers are read with
 ``ast`` and executed, with the launch's arguments (scripts/finetune/finetune_flux_grpo.sh over the argparse defaults,
-as benchmarks/official/dancegrpo.py reads them); then the statements of ``train_one_step`` from ``batch_size = ...``
+as reproduce/official/dancegrpo.py reads them); then the statements of ``train_one_step`` from ``batch_size = ...``
 to ``train_timesteps = ...`` (the cut of the last step, the advantages, the per-sample permutations and the count of
 trained steps), on its rollout. Its reward model is a stand-in (the scores are not compared).
 
@@ -52,7 +52,7 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: official, parity
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # reproduce/: official, parity
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: flowgrpo, samplers
 
 from official import Checkout  # noqa: E402
@@ -226,7 +226,7 @@ def official_workdir():
 
 
 def launch_args(checkout: Checkout, module, preset: str, latent_hw: tuple[int, int]) -> SimpleNamespace:
-    """The launch's arguments (benchmarks/official/<code>.py's extraction), with the image size of the tiny latents."""
+    """The launch's arguments (reproduce/official/<code>.py's extraction), with the image size of the tiny latents."""
     launch = module.launches(checkout, preset)[0]
     args = SimpleNamespace(**{k: v.value for k, v in launch.values.items() if not k.startswith(("code.", "launch."))})
     args.h, args.w = latent_hw[0] * OFFICIAL_VAE_FACTOR, latent_hw[1] * OFFICIAL_VAE_FACTOR
@@ -551,7 +551,7 @@ def told(model, plan, integer: bool) -> list:
     return [int(t) if float(t).is_integer() else round(float(t), 3) for t in times]
 
 
-if __name__ == "__main__":  # python benchmarks/parity/dancegrpo.py (DANCEGRPO_PATH set)
+if __name__ == "__main__":  # python reproduce/parity/dancegrpo.py (DANCEGRPO_PATH set)
     from official.dancegrpo import ENV, REPOSITORY
 
     for r in run(Checkout.from_env(REPOSITORY, ENV)):

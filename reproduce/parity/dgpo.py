@@ -3,7 +3,7 @@
 The official side is loaded from the checkout at run time (``DGPO_PATH``, the repository's root): its
 ``pipeline_with_logprob`` (flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py), imported under a private package
 name (every Flow-GRPO fork calls its package ``flow_grpo``), its launch config (config/dgpo.py, run by
-benchmarks/official's ml_collections reader) for the values it passes (steps, guidance, noise level), and the
+reproduce/official's ml_collections reader) for the values it passes (steps, guidance, noise level), and the
 statements of scripts/train_sd3_dgpo.py's main() that set ``pipeline.scheduler`` (read by AST and executed): a
 ``DPMSolverMultistepScheduler.from_pretrained("Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers",
 subfolder="scheduler")`` whose config's flow_shift is then overwritten (3) and rebuilt ``from_config``. That hub file
@@ -28,7 +28,7 @@ the timesteps both sides told the model.
 
 ``training_times`` (in the notes for the three launches): the times the official training mixes x_t at (its stored
 int64 timesteps / 1000) against those flowgrpo's forward learner draws (the grid's own σ), the one difference left
-(docs/official/map/dgpo.yaml code.train_sigma, kind unsupported).
+(reproduce/official/map/dgpo.yaml code.train_sigma, kind unsupported).
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ LAUNCHES = {"geneval": ("geneval_sd3_4gpu", ["geneval"]), "ocr": ("general_ocr_s
 
 
 def training_times(checkout, launch: str, epochs: int = 64) -> dict:
-    """The times a launch trains at, official against flowgrpo's (docs/official/map/dgpo.yaml code.train_sigma,
+    """The times a launch trains at, official against flowgrpo's (reproduce/official/map/dgpo.yaml code.train_sigma,
     learner.integer_times). Official: its scheduler's stored int64 timesteps of the grid indices 0..trunc_steps (its
     training loop's ``range(config.trunc_steps + 1)``), divided by 1000 (``sigmas_t = t / 1000``; the model is told t).
     flowgrpo: every time its forward learner draws (``ForwardLearner.draws`` over ``epochs`` inner epochs, on the

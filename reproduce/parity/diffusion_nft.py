@@ -3,7 +3,7 @@
 The official side is loaded from the checkout at run time (``DIFFUSION_NFT_PATH``, the repository's root): its
 ``pipeline_with_logprob`` (flow_grpo/diffusers_patch/pipeline_with_logprob.py) with its solver module (solver.py:
 ``run_sampling``, ``dpm_step``), imported under a private package name (every Flow-GRPO fork calls its package
-``flow_grpo``), and its launch configs (config/nft.py, run by benchmarks/official's ml_collections reader) for the
+``flow_grpo``), and its launch configs (config/nft.py, run by reproduce/official's ml_collections reader) for the
 values it passes (steps, guidance, noise level, deterministic, solver). Nothing of the checkout is copied.
 
 For each compared launch (the GenEval/OCR/PickScore/HPSv2 runs share one rollout: 10 steps; the multi-reward run
@@ -20,7 +20,7 @@ x' = the state the next transformer call evaluates (the last step: the returned 
 
 The official ``v_pred_fn`` gives the transformer ``torch.full(.., sigma * 1000, dtype=torch.long)``, the timestep
 truncated to an integer, while ``dpm_step`` steps the float σ: the recipe's ``sampling.integer_timesteps`` (true on
-SD3, docs/official/map/diffusion_nft.yaml code.rollout_timestep_dtype), which flowgrpo's rollout applies here as
+SD3, reproduce/official/map/diffusion_nft.yaml code.rollout_timestep_dtype), which flowgrpo's rollout applies here as
 flowgrpo/engine/rollout.py does (``model.integer_timesteps(cfg.sampling.integer_timesteps)`` around the rollout).
 The notes give the timesteps both sides told the model.
 """

@@ -8,7 +8,7 @@ module-level imports (wandb, its reward models, FSDP utilities) it does not need
 and ``prepare_latent_image_ids``, the window states' construction in ``main`` and, in ``sample_reference_model``, the
 statements that build the σ grid (linspace, time shift) and the per-step ``determistic`` list, are read with ``ast``
 and executed with the launch's arguments (the launch script over the argparse defaults, as
-benchmarks/official/mixgrpo.py reads them). So the official side computes its own grid, window, Flash tail and
+reproduce/official/mixgrpo.py reads them). So the official side computes its own grid, window, Flash tail and
 solver; ``sample_reference_model`` itself cannot run on a tiny model (it hard-codes FLUX's 16 latent channels and
 8x VAE, decodes and scores every sample).
 
@@ -54,7 +54,7 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: official, parity
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # reproduce/: official, parity
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project: flowgrpo, samplers
 
 from official import Checkout, argparse_launch  # noqa: E402
@@ -75,7 +75,7 @@ SETTINGS = {
     "mixgrpo_flash": [(0, 0), (9, 180), (17, 340)],
     "mixgrpo_flash_star": [(0, 0), (0, 460)],
 }
-# the positions where the official run differs (docs/official/map/mixgrpo.yaml): MixGRPO's window at start 21 is cut to
+# the positions where the official run differs (reproduce/official/map/mixgrpo.yaml): MixGRPO's window at start 21 is cut to
 # {21, 22} (flowgrpo: SDE on 21-24, trained 21-22), Flash's tail at start 18 has one point (the official rollout stops
 # at σ_22, flowgrpo steps on to 0)
 KNOWN_DIFFERENCES = {
@@ -411,7 +411,7 @@ def run(checkout: Checkout, settings: dict | None = None, overrides: tuple[str, 
     return reports
 
 
-if __name__ == "__main__":  # python benchmarks/parity/mixgrpo.py (MIXGRPO_PATH set)
+if __name__ == "__main__":  # python reproduce/parity/mixgrpo.py (MIXGRPO_PATH set)
     from official.mixgrpo import ENV, REPOSITORY
 
     for r in run(Checkout.from_env(REPOSITORY, ENV)):

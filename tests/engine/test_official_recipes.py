@@ -1,7 +1,7 @@
-"""Every setting of every preset is the official run's: each official launch (docs/official/data/, read from the
-official code by benchmarks/official/extract.py) composed through flowgrpo's own resolution, every official key either
+"""Every setting of every preset is the official run's: each official launch (reproduce/official/data/, read from the
+official code by reproduce/official/extract.py) composed through flowgrpo's own resolution, every official key either
 mapped to the flowgrpo key(s) it is and equal there, or listed with no counterpart (its kind and reason), or a stated
-deliberate difference that really differs (docs/official/map/). An official key nobody mapped fails."""
+deliberate difference that really differs (reproduce/official/map/). An official key nobody mapped fails."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "reproduce"))
 
 from official import mapping  # noqa: E402
 from official.mapping import NONE_KINDS, check, code_of, load_map, summary  # noqa: E402
@@ -103,12 +103,12 @@ def test_changing_one_resolved_value_fails_the_check():
 
 
 def test_the_presets_page_is_generated_from_the_data_the_maps_and_the_configs():
-    """docs/presets.md is what benchmarks/official/presets_page.py writes: regenerate it after changing a preset, a
-    map or the data (python benchmarks/official/presets_page.py)."""
+    """docs/presets.md is what reproduce/official/presets_page.py writes: regenerate it after changing a preset, a
+    map or the data (python reproduce/official/presets_page.py)."""
     from official import presets_page
 
     assert presets_page.PAGE.read_text() == presets_page.page(), \
-        "docs/presets.md is stale: run python benchmarks/official/presets_page.py"
+        "docs/presets.md is stale: run python reproduce/official/presets_page.py"
 
 
 def test_flow_grpo_on_sd35_rolls_out_on_the_schedulers_own_grid():

@@ -1,7 +1,7 @@
 """How a preset's recipe composes: the tiny world's CPU settings never reach a real model, a family's recipe sets how
 the paper ran the model, overrides win, and every preset composes with every real model config (and with each
 reward its recipe names). Whether the recipes are the official runs, key by key: tests/engine/test_official_recipes.py
-(docs/official/, docs/presets.md)."""
+(reproduce/official/, docs/presets.md)."""
 
 from __future__ import annotations
 

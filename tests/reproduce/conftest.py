@@ -1,5 +1,5 @@
-"""Fixtures of the trajectory-parity tests (tests/official_checkouts.py): ``checkout``, the checkout of the module's
-``CODE``, and ``reports``, its ``benchmarks/parity/<code>.py`` run keyed by method name."""
+"""Fixtures of the trajectory-parity tests (tests/reproduce/official_checkouts.py): ``checkout``, the checkout of the
+module's ``CODE``, and ``reports``, its ``reproduce/parity/<code>.py`` run keyed by method name."""
 
 from __future__ import annotations
 

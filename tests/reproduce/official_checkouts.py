@@ -1,8 +1,8 @@
-"""The official checkouts the trajectory-parity tests compare against (tests/benchmarks/test_peer_parity_<code>.py):
+"""The official checkouts the trajectory-parity tests compare against (tests/reproduce/test_peer_parity_<code>.py):
 a test module names its code base (``CODE = "awm"``) and marks itself with ``needs_checkout(CODE)``, which skips it
-naming the variable to set where the checkout is missing; tests/benchmarks/conftest.py's ``checkout`` and ``reports``
-fixtures then give that code base's checkout (benchmarks/official/<code>.py names its repository and variable) and its
-``benchmarks/parity/<code>.py`` run."""
+naming the variable to set where the checkout is missing; tests/reproduce/conftest.py's ``checkout`` and ``reports``
+fixtures then give that code base's checkout (reproduce/official/<code>.py names its repository and variable) and its
+``reproduce/parity/<code>.py`` run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reproduce"))
 
 # the code bases whose launch configs are ml_collections files, executed to be read
 ML_COLLECTIONS = {"flow_grpo", "diffusion_nft", "awm", "dgpo"}

@@ -1,4 +1,4 @@
-"""benchmarks/parity/awm.py: AWM's own rollout (its pipeline with its SA-Solver, grid and edits) and training-time draw
+"""reproduce/parity/awm.py: AWM's own rollout (its pipeline with its SA-Solver, grid and edits) and training-time draw
 against flowgrpo's ``awm`` preset, step by step, when AWM_PATH names a checkout of scxue/advantage_weighted_matching
 (its code is loaded from there at run time; the project ships none of it)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from official_checkouts import needs_checkout
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reproduce"))
 
 CODE = "awm"
 pytestmark = [pytest.mark.usefixtures("one_thread"), needs_checkout(CODE)]

@@ -1,5 +1,5 @@
 """BranchGRPO and BranchGRPO-Mix step by step against Fredreic1849/BranchGRPO's tree sampler
-(benchmarks/parity/branchgrpo.py) on a tiny FLUX, where BRANCHGRPO_PATH names a checkout of it (the comparison reads
+(reproduce/parity/branchgrpo.py) on a tiny FLUX, where BRANCHGRPO_PATH names a checkout of it (the comparison reads
 that code at run time; the project ships none of it). With flowgrpo's split_noise=scaled_compat (the code's form) and
 the recipe's options as it resolves them (the float32 grid, integer timesteps, the last step trained, the leaves' x̂0
 rewarded): the σ grid, which steps are stochastic and trained, x' of every node and the log-prob of every SDE edge,
@@ -16,7 +16,7 @@ import pytest
 from official_checkouts import needs_checkout, note, number
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "reproduce"))
 
 
 CODE = "branchgrpo"

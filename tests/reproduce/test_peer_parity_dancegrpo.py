@@ -1,4 +1,4 @@
-"""DanceGRPO step by step against XueZeyue/DanceGRPO's sampler (benchmarks/parity/dancegrpo.py) on a tiny FLUX, where
+"""DanceGRPO step by step against XueZeyue/DanceGRPO's sampler (reproduce/parity/dancegrpo.py) on a tiny FLUX, where
 DANCEGRPO_PATH names a checkout of it (the comparison reads that code at run time; the project ships none of it): the
 σ grid, every step stochastic, which steps each sample trains (the same permutation fed to both: 9 of the first 15),
 x' and the log-prob of every step of every sample of the group, within float32 ulps of the values, with the recipe's
@@ -14,7 +14,7 @@ import pytest
 from official_checkouts import needs_checkout, note, number
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "reproduce"))
 
 
 CODE = "dancegrpo"

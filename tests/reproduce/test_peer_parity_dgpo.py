@@ -1,4 +1,4 @@
-"""benchmarks/parity/dgpo.py: DGPO's own rollout (its pipeline with the DPMSolverMultistepScheduler its training
+"""reproduce/parity/dgpo.py: DGPO's own rollout (its pipeline with the DPMSolverMultistepScheduler its training
 script installs, on that scheduler's own grid, CFG 4.5) against flowgrpo's ``dgpo`` preset on the real-model recipe,
 step by step, when DGPO_PATH names a checkout of Luo-Yihong/DGPO (its code is loaded from there at run time; the
 project ships none of it)."""
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from official_checkouts import needs_checkout
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reproduce"))
 
 CODE = "dgpo"
 pytestmark = [pytest.mark.usefixtures("one_thread"), needs_checkout(CODE)]
@@ -78,7 +78,7 @@ def test_a_changed_plan_is_caught(checkout, override, broken):
 def test_the_training_times_are_the_official_integer_timesteps(checkout, launch, indices):
     """DGPO trains at t/1000 of its scheduler's int64 timesteps (0.999, 0.963, ...) and tells the model t; flowgrpo's
     forward learner with learner.integer_times (the recipe's) draws exactly those times from the same grid indices
-    0..trunc_steps and tells the model the same integers (docs/official/map/dgpo.yaml code.train_sigma)."""
+    0..trunc_steps and tells the model the same integers (reproduce/official/map/dgpo.yaml code.train_sigma)."""
     from parity import dgpo
 
     times = dgpo.training_times(checkout, launch)

@@ -1,4 +1,4 @@
-"""benchmarks/parity/diffusion_nft.py: DiffusionNFT's own rollout (its pipeline with its dpm2 solver, on the grid its
+"""reproduce/parity/diffusion_nft.py: DiffusionNFT's own rollout (its pipeline with its dpm2 solver, on the grid its
 scheduler computes) against flowgrpo's ``diffusion_nft`` preset on the real-model recipe, step by step, when
 DIFFUSION_NFT_PATH names a checkout of NVlabs/DiffusionNFT (its code is loaded from there at run time; the project
 ships none of it)."""
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from official_checkouts import needs_checkout
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reproduce"))
 
 CODE = "diffusion_nft"
 pytestmark = [pytest.mark.usefixtures("one_thread"), needs_checkout(CODE)]

@@ -1,4 +1,4 @@
-"""benchmarks/parity/flow_grpo.py: Flow-GRPO's own samplers (its SD3 and FLUX pipelines with Flow-SDE, the Fast
+"""reproduce/parity/flow_grpo.py: Flow-GRPO's own samplers (its SD3 and FLUX pipelines with Flow-SDE, the Fast
 pipelines' CPS window at every start the official draw can take) against flowgrpo's ``flow_grpo`` and
 ``flow_grpo_fast`` presets on the real model configs (tiny weights), step by step, when FLOW_GRPO_PATH names a
 checkout of yifan123/flow_grpo (its code is loaded from there at run time; the project ships none of it)."""
@@ -10,7 +10,7 @@ import pytest
 from official_checkouts import needs_checkout
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reproduce"))
 
 CODE = "flow_grpo"
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,7 +102,7 @@ def test_a_changed_plan_is_caught(checkout, override, broken):
 def test_grpo_guards_ratio_is_flowgrpos_plus_the_batch_mean_of_its_bias_term(checkout):
     """GRPO-Guard's own code (scripts/train_sd3_GRPO_Guard.py): its regulated log-ratio on a training batch is
     flowgrpo's per-sample mean_D(ε_s·δ) plus (⟨δ²⟩_batch − δ²_i)/(2s): its bias term mean(δ²) is taken with
-    mean(dim=()) on a [B] tensor, which torch reduces over the whole batch (docs/official/map/flow_grpo.yaml,
+    mean(dim=()) on a [B] tensor, which torch reduces over the whole batch (reproduce/official/map/flow_grpo.yaml,
     code.guard_bias_reduce). Exactly that, within float32 tolerance; and the term is far above the tolerance once
     the weights moved off the rollout's."""
     from parity import flow_grpo

@@ -1,4 +1,4 @@
-"""MixGRPO, MixGRPO-Flash and Flash* step by step against Tencent-Hunyuan/MixGRPO's sampler (benchmarks/parity/mixgrpo.py)
+"""MixGRPO, MixGRPO-Flash and Flash* step by step against Tencent-Hunyuan/MixGRPO's sampler (reproduce/parity/mixgrpo.py)
 on a tiny FLUX, where MIXGRPO_PATH names a checkout of it (the comparison imports that code at run time; the project
 ships none of it): the σ grid, which steps are stochastic and trained, x' at every step and the window steps'
 log-probs, within float32 ulps of the values, at several window positions of each preset, with the recipes' options as
@@ -15,7 +15,7 @@ import pytest
 from official_checkouts import needs_checkout, number
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "reproduce"))
 
 
 CODE = "mixgrpo"
