@@ -5,7 +5,8 @@
 Runs ``reproduce/parity/<code>.py`` for every code base whose checkout variable is set (reproduce/README.md
 names them), prints one line per compared method (the largest σ, x' and log-prob differences, each within
 TOLERANCE_ULPS float32 ulps of the values' magnitude) and writes the per-step rows to docs/results/peer_parity.json.
-Exit status 1 when any method differs.
+Exit status 1 when any method differs, 2 when no checkout is set or one is at another commit than the data were
+read at (told in one line, with the commit to check out).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from official import Checkout  # noqa: E402
+from official import Checkout, ExtractionError  # noqa: E402
 from parity import ROOT, markdown_table, write_reports  # noqa: E402
 
 CODES = ("flow_grpo", "diffusion_nft", "awm", "dgpo", "dancegrpo", "mixgrpo", "branchgrpo")
@@ -45,9 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         print("no checkout is set: " + ", ".join(f"{modules[c].ENV} ({modules[c].REPOSITORY})" for c in CODES),
               file=sys.stderr)
         return 2
+    try:  # every checkout first: one at another commit than the data's is told in one line before any run
+        checkouts = {code: Checkout.from_env(modules[code].REPOSITORY, modules[code].ENV) for code in codes}
+    except ExtractionError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     reports = []
-    for code in codes:
-        checkout = Checkout.from_env(modules[code].REPOSITORY, modules[code].ENV)
+    for code, checkout in checkouts.items():
         for report in importlib.import_module(f"parity.{code}").run(checkout):
             print(f"{code:14s} {report.line()}")
             reports.append(report)

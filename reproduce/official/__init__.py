@@ -48,6 +48,11 @@ class ExtractionError(RuntimeError):
     """The checkout does not say what the reader expected (a moved constant, a renamed function)."""
 
 
+class WrongCommit(ExtractionError):
+    """A checkout at another commit than the one flowgrpo's data were read at, told in one line with what to check
+    out (the readers would otherwise fail deep inside, on a file or a constant that moved)."""
+
+
 @dataclass(frozen=True)
 class Value:
     """One official value and where it comes from: ``source`` is ``file:line`` in the checkout (``a < b``: the line
@@ -69,6 +74,10 @@ class Launch:
     entry: str = ""  # where the run is defined (``file:line``)
 
 
+# set (to 1) where a checkout at another commit is read on purpose: extract.py --any-commit, re-reading a newer commit
+ANY_COMMIT = "OFFICIAL_ANY_COMMIT"
+
+
 @dataclass
 class Checkout:
     """A checkout of an official repository: ``path`` from the environment variable ``env``; ``commit`` from its git
@@ -81,17 +90,46 @@ class Checkout:
     commits: dict[str, str]
 
     @classmethod
-    def from_env(cls, repository: str, env: str) -> "Checkout":
+    def from_env(cls, repository: str, env: str, *, any_commit: bool | None = None) -> "Checkout":
+        """The checkout ``env`` names, refused (WrongCommit) where its recorded commit of a file the data were read
+        from differs from the data's (``read_at``), unless ``any_commit`` (default: the OFFICIAL_ANY_COMMIT
+        variable set)."""
         value = os.environ.get(env)
         if not value:
             raise ExtractionError(f"set {env} to a checkout of https://github.com/{repository}")
         path = Path(value).resolve()
         if not path.is_dir():
             raise ExtractionError(f"{env}={value} is not a directory (a checkout of {repository})")
-        return cls(repository, env, path, read_commits(path))
+        checkout = cls(repository, env, path, read_commits(path))
+        if any_commit is None:
+            any_commit = os.environ.get(ANY_COMMIT, "") not in ("", "0")
+        if not any_commit:
+            checkout.require(read_at(repository))
+        return checkout
 
     def commit_of(self, relpath: str) -> str:
         return self.commits.get(relpath) or self.commits.get("*", "unknown")
+
+    def require(self, wanted: dict[str, str]) -> None:
+        """Refuse, in one line, a checkout whose recorded commit of a file in ``wanted`` ({relpath: commit}) is
+        another commit: a git checkout is told the one ``git checkout`` to run, a COMMIT-file folder the commit each
+        file needs. A checkout that records no commit (no .git, no COMMIT file) is taken as it is."""
+        wrong = {rel: (self.commit_of(rel), want) for rel, want in sorted(wanted.items())
+                 if self.commit_of(rel) != "unknown" and not same_commit(self.commit_of(rel), want)}
+        if not wrong:
+            return
+        needed = sorted({want for _, want in wrong.values()})
+        if set(self.commits) == {"*"} and len(needed) == 1:
+            have, how = self.commits["*"], (f"git -C {self.path} checkout {needed[0]}" if (self.path / ".git").exists()
+                                            else f"put its files at {needed[0]} in {self.path} and that commit in "
+                                                 "its COMMIT file")
+            raise WrongCommit(f"{self.env} is {self.repository} at {have[:7]}; flowgrpo's recipes were read at "
+                              f"{needed[0][:7]}: {how}")
+        files = "; ".join(f"{want} for " + ", ".join(f"{rel} (has {have[:7]})" for rel, (have, w) in wrong.items()
+                                                     if w == want) for want in needed)
+        raise WrongCommit(f"{self.env} holds {self.repository} files at other commits than flowgrpo's recipes were "
+                          f"read at: {files}; put those files at those commits in {self.path} and name them in its "
+                          "COMMIT file")
 
     def file(self, relpath: str) -> Path:
         path = self.path / relpath
@@ -102,6 +140,35 @@ class Checkout:
     def cite(self, relpath: str, line: int | None = None) -> str:
         """``repository@commit7 relpath[:line]``: how docs cite a line of this checkout."""
         return f"{self.repository}@{self.commit_of(relpath)[:7]} {relpath}" + (f":{line}" if line else "")
+
+
+def same_commit(a: str, b: str) -> bool:
+    """Two commit ids name the same commit: equal, or one (7 characters or more) a prefix of the other."""
+    return a == b or (min(len(a), len(b)) >= 7 and (a.startswith(b) or b.startswith(a)))
+
+
+def read_at(repository: str) -> dict[str, str]:
+    """{relpath: commit} that the data of ``repository`` were read at: the ``commits:`` of every DATA/<preset>.yaml
+    read from it (a file cited there from another repository, ``owner/name@commit7 relpath`` as SAGE-GRPO's data cite
+    HunyuanVideo-1.5's Muon, counts for that one). Only each file's head is parsed: ``commits:`` precedes the
+    launches."""
+    import yaml
+
+    out: dict[str, str] = {}
+    for path in sorted(DATA.glob("*.yaml")):
+        head = []
+        with path.open() as lines:
+            for line in lines:
+                if line.startswith("generated_by:"):
+                    break
+                head.append(line)
+        data = yaml.safe_load("".join(head)) or {}
+        for key, commit in (data.get("commits") or {}).items():
+            cited = re.match(r"^([\w.-]+/[\w.-]+)@\w+ (.+)$", key)
+            owner, rel = (cited.group(1), cited.group(2)) if cited else (data.get("repository"), key)
+            if owner == repository:
+                out[rel] = str(commit)
+    return out
 
 
 def read_commits(path: Path) -> dict[str, str]:

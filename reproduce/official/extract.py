@@ -4,6 +4,8 @@
                                                           papers, which needs none)
     python reproduce/official/extract.py flow_grpo dgpo   those code bases (reproduce/official/<code>.py)
     python reproduce/official/extract.py --list           the code bases, their variables and presets
+    python reproduce/official/extract.py --any-commit X   code base X from a checkout at another commit than the
+                                                          data's (re-reading a newer commit on purpose)
 
 Each code base's module names its repository, the environment variable with the path of its checkout (a git
 checkout, or a folder whose COMMIT file names the commit of each file: reproduce/README.md), the presets that
@@ -12,6 +14,10 @@ checkout with its source. ml_collections configs are executed (``pip install -e 
 checkout runs. A value the readers cannot find fails the extraction with the file and pattern. ``papers``
 (reproduce/official/papers.py) reads no checkout (its ``ENV`` is None): the presets whose code could not be read
 take the runs their papers state, written there as tables, its ``source(preset)`` standing in for the checkout.
+
+A checkout at another commit than the one the data were read at is refused in one line naming that commit
+(``Checkout.from_env``); ``--any-commit`` (which sets OFFICIAL_ANY_COMMIT=1) reads it all the same, to move the data to
+a newer commit on purpose.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from official import Checkout, ExtractionError, write_data  # noqa: E402
+from official import ANY_COMMIT, Checkout, ExtractionError, write_data  # noqa: E402
 
 CODES = ("flow_grpo", "diffusion_nft", "awm", "dgpo", "dancegrpo", "mixgrpo", "branchgrpo", "sage", "unirl", "papers",
          "flow_factory", "visualgrpo")
@@ -53,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("codes", nargs="*", choices=[*CODES, []], help="code bases (default: every one whose checkout is set)")
     parser.add_argument("--list", action="store_true", help="list the code bases, their variables and presets")
+    parser.add_argument("--any-commit", action="store_true",
+                        help="read a checkout at another commit than the data's (re-reading a newer commit)")
     args = parser.parse_args(argv)
+    if args.any_commit:
+        os.environ[ANY_COMMIT] = "1"  # every checkout read from here on, a code base's second one included
     if args.list:
         for code in CODES:
             mod = module(code)
