@@ -135,6 +135,19 @@ def toy_prompts_warning(spec: str, model) -> str:
             "ocr-train, pickscore-train, hpd-train; a preset's recipe names its launch's) or your own .txt/.jsonl file")
 
 
+def report_training_prompts(writer, cfg, count: int, groups: dict | None, model) -> None:
+    """The start-up lines about the training prompts: how a balanced draw splits them (train.balance_by), and the
+    warning of a real model trained on the tiny world's prompts (``toy_prompts_warning``)."""
+    if cfg.train.balance_by:
+        key = cfg.train.balance_by
+        writer.info(f"training prompts: {count}, drawn uniformly (none carries metadata {key!r})" if groups is None else
+                    f"training prompts: {count} in {len(groups)} groups of {key!r} "
+                    f"({', '.join(f'{v} {len(g)}' for v, g in groups.items())}), each group drawn equally often")
+    warning = toy_prompts_warning(cfg.prompts, model)
+    if warning:
+        writer.warn(warning)
+
+
 def strata(metadata: list[dict], key: str, spec: str = "prompts") -> dict[str, list[int]] | None:
     """The prompt indices grouped by ``metadata[i][key]`` (train.balance_by), {value: indices} ordered by value;
     None when no prompt carries the key (a plain .txt file: every prompt is drawn uniformly).

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowgrpo.config import Config, processes_check, schema_defaults, to_yaml
-from flowgrpo.data import read_prompts, strata, toy_prompts_warning
+from flowgrpo.data import read_prompts, report_training_prompts, strata
 from flowgrpo.engine import checkpointing, credit, rollout
 from flowgrpo.models.copies import warmed_decay
 from flowgrpo.engine.evaluation import HeldOut
@@ -86,17 +86,10 @@ class Trainer:
         self.writer = RunWriter(cfg.run_dir, enabled=self.acc.is_main_process, tensorboard=cfg.log.tensorboard,
                                 wandb=cfg.log.wandb)
         self.scoring.writer = self.writer
-        toy_prompts = toy_prompts_warning(cfg.prompts, self.model)
-        if toy_prompts:
-            self.writer.warn(toy_prompts)
         self.held_out = HeldOut(cfg, self.writer, self.modality)
         self.noise = NoiseReport(self.policy.probe, t.prompts_per_iteration // t.updates_per_epoch,
                                  forward_learner=not self.learner.needs_transitions)
-        if t.balance_by:
-            self.writer.info(
-                f"training prompts: {len(prompts)}, drawn uniformly (none carries metadata {t.balance_by!r})"
-                if groups is None else f"training prompts: {len(prompts)} in {len(groups)} groups of "
-                f"{t.balance_by!r} ({', '.join(f'{v} {len(g)}' for v, g in groups.items())}), each group drawn equally often")
+        report_training_prompts(self.writer, cfg, len(prompts), groups, self.model)
         self.iteration, self._stop = 0, False
         self._rewards: list[float] = []  # the training reward of each iteration this process ran (the watch's rise)
 
