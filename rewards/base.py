@@ -15,6 +15,11 @@ Shapes by `modality`:
 A subclass sets `name` and `modality` and implements `score_uint8(images_uint8, prompts, metadata)`
 (a "vector" reward: `score_vectors(x_float32, prompts, metadata)`); `Reward.score` is the same call
 for batches that are already uint8 (used by wrappers and the server).
+
+An image reward whose instance sets `quantize = False` skips the rounding: it gets the float32 images
+in [0, 1] as they came (validated, clamped) in `score_float(images, prompts, metadata)`, and `score`
+takes float32 batches. It is for rewards that must reproduce a scorer which reads the sampler's
+float output unrounded (DiffusionNFT's CLIPScore and HPSv2: `quantize=False` on clipscore, hpsv2).
 """
 
 from __future__ import annotations
@@ -37,24 +42,31 @@ class Reward:
 
     name: str = ""
     modality: str = "image"  # "image" | "video" | "both" | "vector"
+    quantize: bool = True  # False: score_float gets the float32 [0, 1] images unrounded (module docstring)
 
     def __call__(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
     ) -> RewardOutput:
         """images: float [B, 3, H, W] (image) or [B, F, 3, H, W] (video) RGB in [0, 1], or samples
         [B, d] (vector); prompts: B strings; metadata: None or B dicts."""
-        prepared = self.to_float32(images) if self.modality == "vector" else self.to_uint8(images)
+        if self.modality == "vector":
+            prepared = self.to_float32(images)
+        else:
+            prepared = self.to_uint8(images) if self.quantize else self.to_unit_float(images)
         return self.score(prepared, prompts, metadata)
 
     def score(
         self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
     ) -> RewardOutput:
         """`__call__` for a batch already rounded to uint8 [B, 3, H, W] or [B, F, 3, H, W] (a vector
-        reward: float32 [B, d])."""
+        reward: float32 [B, d]; a reward with quantize=False: float32 images in [0, 1])."""
         vector = self.modality == "vector"
-        want = torch.float32 if vector else torch.uint8
+        unrounded = not vector and not self.quantize
+        want = torch.float32 if vector or unrounded else torch.uint8
         if not isinstance(images, torch.Tensor) or images.dtype != want:
-            what = "a float32 tensor [B, d]" if vector else "a uint8 tensor; call the reward on float images in [0, 1] instead"
+            what = ("a float32 tensor [B, d]" if vector else
+                    "float32 images in [0, 1] (it was built with quantize=False)" if unrounded else
+                    "a uint8 tensor; call the reward on float images in [0, 1] instead")
             raise TypeError(f"{self.name}: score() takes {what}")
         self._check_shape(images)
         batch = images.shape[0]
@@ -65,7 +77,7 @@ class Reward:
             raise ValueError(
                 f"{self.name}: got {batch} images but {len(metadata)} metadata entries; pass one per image or None"
             )
-        scorer = self.score_vectors if vector else self.score_uint8
+        scorer = self.score_vectors if vector else self.score_float if unrounded else self.score_uint8
         out = scorer(images, list(prompts), None if metadata is None else list(metadata))
         if not isinstance(out, RewardOutput):
             raise RuntimeError(f"{self.name}: score_uint8 returned {type(out).__name__}, expected RewardOutput")
@@ -80,6 +92,10 @@ class Reward:
     ) -> RewardOutput:
         """images: uint8 [B, 3, H, W] RGB (or [B, F, 3, H, W] for video rewards)."""
         raise NotImplementedError
+
+    def score_float(self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None) -> RewardOutput:
+        """images: float32 [B, 3, H, W] in [0, 1], not rounded (rewards built with quantize=False)."""
+        raise NotImplementedError(f"{self.name}: this reward scores uint8 images only (quantize=False is not offered)")
 
     def score_vectors(self, x: torch.Tensor, prompts: list[str], metadata: list[dict] | None) -> RewardOutput:
         """x: float32 [B, d] samples (``modality = "vector"`` rewards)."""
@@ -123,6 +139,10 @@ class Reward:
     def to_uint8(self, images: torch.Tensor) -> torch.Tensor:
         """Validate a float batch in [0, 1] ([B, 3, H, W] or, for video rewards, [B, F, 3, H, W]) and
         round it to uint8 of the same shape."""
+        return (self.to_unit_float(images) * 255).round().to(torch.uint8)
+
+    def to_unit_float(self, images: torch.Tensor) -> torch.Tensor:
+        """Validate a float batch in [0, 1] (shapes as ``to_uint8``) and return it as float32 clamped to [0, 1]."""
         if not isinstance(images, torch.Tensor):
             raise TypeError(f"{self.name}: images must be a torch.Tensor [B, 3, H, W], got {type(images).__name__}")
         self._check_shape(images)
@@ -135,7 +155,7 @@ class Reward:
                     f"{self.name}: images must lie in [0, 1], got range [{lo:.4g}, {hi:.4g}]; "
                     "map [-1, 1] model output with (x / 2 + 0.5).clamp(0, 1)"
                 )
-        return (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+        return images.detach().float().clamp(0, 1)
 
     def to_float32(self, x: torch.Tensor) -> torch.Tensor:
         """Validate samples [B, d] of a vector reward (finite floats) and return them as float32."""

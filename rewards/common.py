@@ -9,6 +9,9 @@ Preprocessing follows each original exactly, on uint8 images (the inputs the mod
                           The two differ only for odd margins of non-square images.
     resize_longest_pad    HPSv2's val transform: to float first, torch bicubic (antialiased) resize of
                           the longest side, zero padding to a square, normalise.
+    tensor_resize_center_crop  torchvision's Resize(size) (bilinear, antialiased) + CenterCrop + Normalize on a
+                          float tensor: DiffusionNFT's / DGPO's ClipScorer (flow_grpo/clip_scorer.py), which
+                          reads the sampler's float images unrounded.
 """
 
 from __future__ import annotations
@@ -183,10 +186,10 @@ def resize_center_crop(
 
 
 def resize_longest_pad(images: torch.Tensor, size: int, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD) -> torch.Tensor:
-    """images: uint8 [B, 3, H, W] -> float32 [B, 3, size, size]: /255, bicubic antialiased resize of
-    the longest side to `size` (other side round(dim * scale)), zero padding split as (d // 2, d - d // 2),
-    normalise. Padding also applies when no resize is needed, so every output is square."""
-    pixels = images.float() / 255.0
+    """images: uint8 [B, 3, H, W] (or float32 in [0, 1], taken as they are) -> float32 [B, 3, size, size]: /255,
+    bicubic antialiased resize of the longest side to `size` (other side round(dim * scale)), zero padding split as
+    (d // 2, d - d // 2), normalise. Padding also applies when no resize is needed, so every output is square."""
+    pixels = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
     height, width = pixels.shape[-2:]
     scale = size / float(max(height, width))
     if scale != 1.0:
@@ -198,6 +201,18 @@ def resize_longest_pad(images: torch.Tensor, size: int, mean=OPENAI_CLIP_MEAN, s
     if pad_h or pad_w:
         pixels = torch.nn.functional.pad(pixels, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
     return _normalize(pixels, mean, std)
+
+
+def tensor_resize_center_crop(pixels: torch.Tensor, size: int, crop: int | tuple[int, int], mean=OPENAI_CLIP_MEAN,
+                              std=OPENAI_CLIP_STD) -> torch.Tensor:
+    """float32 [B, 3, H, W] in [0, 1] -> float32 [B, 3, ch, cw]: torchvision's tensor Resize of the shortest side to
+    ``size`` (bilinear, antialiased: ``T.Resize(size)``'s defaults), CenterCrop(crop) (rounded margins), Normalize."""
+    import torchvision.transforms.functional as TF
+    from torchvision.transforms import InterpolationMode
+
+    crop_hw = [crop, crop] if isinstance(crop, int) else list(crop)
+    pixels = TF.resize(pixels.float(), size, interpolation=InterpolationMode.BILINEAR, antialias=True)
+    return TF.normalize(TF.center_crop(pixels, crop_hw), list(mean), list(std))
 
 
 class LinearMLP(nn.Module):

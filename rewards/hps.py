@@ -8,6 +8,10 @@ to float [0, 1] first, its longest side is resized to 224 with torch bicubic (an
 torchvision's tensor Resize), it is zero-padded to a square (before normalisation) and normalised
 with the CLIP mean/std; prompts use open_clip's CLIP BPE tokenizer (77 tokens).
 
+quantize=False scores the float images as they come, unrounded (DiffusionNFT's HPSv2Scorer: its rewards.py hands
+the sampler's float tensor to the same resize); the default rounds to uint8 first, as every PIL-based caller of the
+original does (DanceGRPO, MixGRPO, Flow-GRPO: the VAE's PIL output).
+
 Deviations: the original builds ViT-H-14 with the laion2B weights before overwriting every tensor
 with the HPS state dict; here the architecture is built empty (no second download). The original
 runs under CUDA autocast (fp16); here the model runs in `dtype` (default float32). A non-square
@@ -32,14 +36,15 @@ HPS_FILES = {"v2.0": "HPS_v2_compressed.pt", "v2.1": "HPS_v2.1_compressed.pt"}
 class HPSv2(Reward):
     """pretrained: the HPS checkpoint (.pt file, folder holding it, hub 'owner/repo' or 'owner/repo/file');
     version picks the file name in a folder or repo; arch: an open_clip model name or a config dict
-    {"embed_dim", "vision_cfg", "text_cfg"} (tiny test models)."""
+    {"embed_dim", "vision_cfg", "text_cfg"} (tiny test models); quantize=False: score the float images unrounded."""
 
     name = "hpsv2"
     modality = "image"
 
     def __init__(self, pretrained: str = "xswu/HPSv2", version: str = "v2.1", arch: str | dict = "ViT-H-14", *,
-                 device: str = "cpu", dtype: torch.dtype = torch.float32, model=None):
+                 quantize: bool = True, device: str = "cpu", dtype: torch.dtype = torch.float32, model=None):
         open_clip = require("open_clip", "clip", "the HPSv2 reward")
+        self.quantize = bool(quantize)
         if version not in HPS_FILES:
             raise ValueError(f"HPS version {version!r} is not one of {sorted(HPS_FILES)}")
         cfg = open_clip.get_model_config(arch) if isinstance(arch, str) else copy.deepcopy(arch)
@@ -65,8 +70,11 @@ class HPSv2(Reward):
         self.device, self.dtype = torch.device(device), dtype
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 [B, 3, H, W] -> float32 [B, 3, S, S] (S = the model's image size)."""
+        """uint8 (or float32 in [0, 1]) [B, 3, H, W] -> float32 [B, 3, S, S] (S = the model's image size)."""
         return resize_longest_pad(images, self.image_size, self.mean, self.std)
+
+    def score_float(self, images, prompts, metadata) -> RewardOutput:
+        return self.score_uint8(images, prompts, metadata)  # the preprocessing takes float images as they are
 
     @torch.no_grad()
     def score_uint8(self, images, prompts, metadata) -> RewardOutput:

@@ -2,6 +2,8 @@
 
     mode="pointwise"   one request per image: the judge ends its answer with "Final Score: x" (1-5);
                        score = x / 5. No parsable score -> NaN (info["raw"] keeps the answer).
+                       parse="first": DiffusionNFT's / Flow-GRPO's UnifiedReward parsing instead (the first
+                       "Final Score: x" with x starting 1-5; none -> 0.0).
     mode="pairwise"    Pref-GRPO: inside each group of G images for one prompt, every one of the
                        C(G, 2) pairs is judged ("Final Answer: Image 1" / "Image 2" / "Tie"); a
                        sample's score is its win rate = (wins + 0.5 * ties) / judged pairs. Groups come
@@ -53,8 +55,20 @@ _ANSWER = re.compile(r"Final\s+Answer\s*[:：]\s*\**\s*(Image\s*1|Image\s*2|Tie)
 _BETTER = re.compile(r"Image\s*([12])\s+is\s+(?:better|superior|preferred)", re.IGNORECASE)
 
 
-def parse_score(text: str, score_max: float = 5.0) -> float:
-    """The last 'Final Score: x' in text divided by score_max; NaN when absent or outside [0, score_max]."""
+_FIRST_SCORE = re.compile(r"Final Score:\s*([1-5](?:\.\d+)?)")
+PARSERS = ("last", "first")
+
+
+def parse_score(text: str, score_max: float = 5.0, parse: str = "last") -> float:
+    """parse="last" (default): the last 'Final Score: x' in text (any case, optional ** around x) divided by
+    score_max; NaN when absent or outside [0, score_max]. parse="first": DiffusionNFT's / Flow-GRPO's UnifiedReward
+    rule: the first 'Final Score:' (exact case) followed by a digit 1-5 and optional decimals, divided by score_max;
+    0.0 when there is none (a failed judgement scores 0, not NaN)."""
+    if parse == "first":
+        match = _FIRST_SCORE.search(text or "")
+        return float(match.group(1)) / score_max if match else 0.0
+    if parse != "last":
+        raise ValueError(f"parse={parse!r} is not one of {PARSERS}")
     matches = _SCORE.findall(text or "")
     if not matches:
         return math.nan
@@ -112,9 +126,12 @@ class VLMJudge(Reward):
                  image_size: int | None = 512, temperature: float = 0.0, max_tokens: int | None = 1024,
                  timeout: float = 120.0, retries: int = 2, backoff_s: float = 0.5, max_workers: int = 8,
                  score_max: float = 5.0, pointwise_template: str = POINTWISE_TEMPLATE,
-                 pairwise_template: str = PAIRWISE_TEMPLATE, extra_body: dict | None = None):
+                 pairwise_template: str = PAIRWISE_TEMPLATE, extra_body: dict | None = None, parse: str = "last"):
         if mode not in ("pointwise", "pairwise"):
             raise ValueError(f"mode must be 'pointwise' or 'pairwise', got {mode!r}")
+        if parse not in PARSERS:
+            raise ValueError(f"parse must be one of {PARSERS}, got {parse!r}")
+        self.parse = parse
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.mode = model, mode
         self.api_key = api_key if api_key is not None else os.environ.get(api_key_env)
@@ -182,7 +199,8 @@ class VLMJudge(Reward):
 
     def _pointwise(self, urls, prompts) -> RewardOutput:
         results = self._map([([u], self.pointwise_template.format(prompt=p)) for u, p in zip(urls, prompts)])
-        scores = [math.nan if answer is None else parse_score(answer, self.score_max) for answer, _ in results]
+        scores = [math.nan if answer is None else parse_score(answer, self.score_max, self.parse)
+                  for answer, _ in results]
         return RewardOutput(scores=torch.tensor(scores, dtype=torch.float32),
                             info={"raw": [a for a, _ in results], "errors": [e for _, e in results]})
 
