@@ -21,7 +21,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
-import math
 import random
 import textwrap
 import types
@@ -374,4 +373,3 @@ def rows() -> list:
 
 
 __all__ = ["edit_distance", "geneval_rows", "jpeg_rows", "ocr_rows", "official_geneval", "rows", "unifiedreward_rows"]
-_ = math
