@@ -115,7 +115,6 @@ def prompt_set_file(name: str, fetch: bool = True) -> Path:
 def download(s: PromptSet, path: Path) -> Path:
     """Fetch ``s`` to ``path``: written under a temporary name and moved into place only once its blob id is the
     official one (several processes fetching at once each write their own and the last move wins, the same bytes)."""
-    print(f"flowgrpo: fetching the training prompts {s.name!r} from {s.url} into {path}", file=sys.stderr, flush=True)
     where = (f"fetch it where the network reaches the source (`flowgrpo prompts fetch {s.name}`), or put the file "
              f"({s.repository}@{s.commit[:7]} {s.path}) at {path}")
     try:
@@ -131,6 +130,8 @@ def download(s: PromptSet, path: Path) -> Path:
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
         tmp.write(data)
     os.replace(tmp.name, path)
+    print(f"flowgrpo: fetched the training prompts {s.name!r} ({len(data):,} bytes, git blob {s.blob[:12]}) from {s.url} "
+          f"into {path}", file=sys.stderr, flush=True)
     return path
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from flowgrpo.config import load_config
-from flowgrpo.data import PromptFileError, read_prompts, strata
+from flowgrpo.data import PromptFileError, draw_batch_prompts, read_prompts, strata
 from flowgrpo.run.errors import EXIT_USER_ERROR, UserError, reward_class
 from flowgrpo.run.interrupts import Interrupted, follow_launcher, hold_signals, resume_command
 from flowgrpo.run.paths import configs_dir, resolve_pretrained
@@ -62,6 +62,8 @@ def preflight(cfg) -> None:
     _, metadata = read_prompts(cfg.prompts)
     if cfg.train.balance_by:
         strata(metadata, cfg.train.balance_by, cfg.prompts)
+    if cfg.train.prompt_draw == "batch":  # each batch's distinct prompts must fit in the set
+        draw_batch_prompts(0, 0, cfg.train.prompts_per_iteration // cfg.sampling.batches_per_iteration, len(metadata), 0)
     try:
         read_prompts(cfg.eval.prompts, cfg.eval.limit)
     except PromptFileError as exc:

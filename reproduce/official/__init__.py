@@ -702,6 +702,48 @@ def code_fact(checkout: Checkout, relpath: str, pattern: str, convert=ast.litera
     return Value(convert(match.group(1)), f"{relpath}:{line}")
 
 
+# ------------------------------------------------------------------------------------------ prompts and rewards
+def k_repeat_sampler_facts(checkout: Checkout, script: str) -> dict[str, Value]:
+    """How a Flow-GRPO-family training script (Flow-GRPO, DiffusionNFT, AWM, DGPO) draws its prompts: its
+    DistributedKRepeatSampler takes the first prompts of a fresh ``randperm`` of the set each time it is told a new
+    epoch, and the sampling loop tells it one per rollout batch (``epoch * num_batches_per_epoch + i``): each batch
+    its own random choice (flowgrpo's train.prompt_draw=batch)."""
+    return {
+        "code.prompt_sampler_draw": code_fact(
+            checkout, script, r"^\s*indices = torch\.(randperm)\(len\(self\.dataset\), generator=g\)\[:\s*self\.m\]", str),
+        "code.prompt_sampler_epoch": code_fact(
+            checkout, script, r"train_sampler\.set_epoch\((epoch \* config\.sample\.num_batches_per_epoch \+ i)\)", str),
+    }
+
+
+def flow_grpo_reward_facts(checkout: Checkout, rewards: list[str], ocr: str, reward_code: str) -> dict[str, Value]:
+    """How a Flow-GRPO-family code scores OCR and GenEval, for a launch that trains on them: OCR gives full credit to
+    a prompt contained in the recognised text (``code.ocr_contained``); GenEval's images reach the detector either as
+    JPEGs posted to its server (PIL's default quality, 75) or as PIL images in-process (``code.geneval_images``)."""
+    facts = {}
+    if "ocr" in rewards:
+        facts["code.ocr_contained"] = code_fact(checkout, ocr, r"^\s*if (prompt in recognized_text):", str)
+    if "geneval" in rewards:
+        facts["code.geneval_images"] = code_fact(
+            checkout, reward_code, r"(img\.save\(buffer, format=\"JPEG\"\)|pil_images = \[Image\.fromarray\(image\) for "
+            r"image in image_batch\])", str, function="geneval_score")
+    return facts
+
+
+def epoch_sampler_facts(checkout: Checkout, script: str, preprocess: str, flag: str) -> dict[str, Value]:
+    """How a DanceGRPO-family training script draws its prompts, and which file it draws them from: a
+    ``DistributedSampler(shuffle=True)`` told the epoch (``set_epoch(epoch)``), so each pass over the set visits every
+    prompt once (flowgrpo's train.prompt_draw=pass), over the text embeddings the preprocessing launch ``preprocess``
+    computes from the prompt file its ``flag`` names."""
+    return {
+        "code.prompt_sampler": code_fact(
+            checkout, script, r"sampler = (DistributedSampler)\(\s*train_dataset, rank=rank, num_replicas=world_size, "
+            r"shuffle=True", str),
+        "code.prompt_sampler_epoch": code_fact(checkout, script, r"^\s*sampler\.set_epoch\((epoch)\)", str),
+        "code.prompt_file": code_fact(checkout, preprocess, rf'{flag} "([^"]+)"', str),
+    }
+
+
 # ---------------------------------------------------------------------------------------------------- data files
 def write_data(preset: str, checkout: Checkout, launches: list[Launch], note: str = "") -> Path:
     """reproduce/official/data/<preset>.yaml: the launches, every value with its source, sorted keys."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import re
 
-from official import Checkout, ExtractionError, Launch, Value, code_fact, trace_ml_collections
+from official import (Checkout, ExtractionError, Launch, Value, code_fact, flow_grpo_reward_facts,
+                      k_repeat_sampler_facts, trace_ml_collections)
 
 REPOSITORY = "scxue/advantage_weighted_matching"
 ENV = "AWM_PATH"
@@ -26,6 +27,8 @@ SOLVER = f"{CODE}/flow_grpo/diffusers_patch/sa_solver.py"
 EMA = f"{CODE}/flow_grpo/ema.py"
 STATS = f"{CODE}/flow_grpo/stat_tracking.py"
 PICKSCORE = f"{CODE}/flow_grpo/pickscore_scorer.py"
+OCR = f"{CODE}/flow_grpo/ocr.py"
+REWARDS = f"{CODE}/flow_grpo/rewards.py"
 
 # launch script -> (flowgrpo model config, flowgrpo rewards): the runs of the paper's tables; the config function
 # each script trains with is read from the script itself
@@ -60,6 +63,7 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
     s, p, v = SCRIPT, PIPELINE, SOLVER
     text = str
     return {
+        **k_repeat_sampler_facts(checkout, s),  # each rollout batch its own random prompts
         # the model and its LoRA (lora_type "attn" picks the first list)
         "code.pipeline_from_pretrained": code_fact(checkout, s, r"StableDiffusion3Pipeline\.from_pretrained\(\s*"
                                                    r"([\w.]+)\s*\)", text),
@@ -144,6 +148,7 @@ def launches(checkout: Checkout, preset: str) -> list[Launch]:
         values.update(copy.deepcopy(facts))  # one object per launch: the data file has no YAML aliases
         if "pickscore" in rewards:  # its PickScore is the CLIP logit over 26
             values["code.pickscore_divisor"] = code_fact(checkout, PICKSCORE, r"scores = scores\s*/\s*(\d+)")
+        values.update(flow_grpo_reward_facts(checkout, rewards, OCR, REWARDS))  # OCR's full credit, GenEval's JPEGs
         out.append(Launch(function, model, rewards, values, _function_line(checkout, function)))
     return out
 

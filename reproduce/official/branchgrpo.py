@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from official import Checkout, ExtractionError, Launch, Value, argparse_defaults, code_fact, typed
+from official import Checkout, ExtractionError, Launch, epoch_sampler_facts, Value, argparse_defaults, code_fact, typed
 from official.dancegrpo import _library_default_text_length
 
 REPOSITORY = "Fredreic1849/BranchGRPO"
@@ -197,6 +197,8 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
 
     scored = r"# When prev_sample is not None, calculate log_prob for given prev_sample\n(?:.*\n){3}"
     return {
+        # the prompts: one pass over the set at a time, from the file the embedding launch reads
+        **epoch_sampler_facts(checkout, SCRIPT, "scripts/preprocess/preprocess_flux_rl_embeddings.sh", "--prompt_dir"),
         "code.sigma_grid": fact(r"sigma_schedule = torch\.(linspace)\(1, 0, args\.sampling_steps \+ 1\)\s*\n\s*\n?"
                                 r"\s*sigma_schedule = sd3_time_shift\(args\.shift, sigma_schedule\)",
                                 lambda _: "linear", "sample_reference_model_tree"),

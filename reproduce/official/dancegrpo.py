@@ -13,7 +13,7 @@ import ast
 import inspect
 import re
 
-from official import Checkout, ExtractionError, Launch, ShellCommand, Value, argparse_launch, code_fact
+from official import Checkout, ExtractionError, Launch, epoch_sampler_facts, ShellCommand, Value, argparse_launch, code_fact
 
 REPOSITORY = "XueZeyue/DanceGRPO"
 ENV = "DANCEGRPO_PATH"
@@ -66,6 +66,8 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
         return code_fact(checkout, relpath, pattern, convert, function)
 
     return {
+        # the prompts: one pass over the set at a time, from the file the embedding launch reads
+        **epoch_sampler_facts(checkout, SCRIPT, "scripts/preprocess/preprocess_flux_rl_embeddings.sh", "--prompt_dir"),
         # the σ grid: linspace(1, 0, T + 1), then the time shift with --shift
         "code.sigma_grid": fact(r"sigma_schedule = torch\.(linspace)\(1, 0, args\.sampling_steps \+ 1\)\s*\n\s*\n?"
                                 r"\s*sigma_schedule = sd3_time_shift\(args\.shift, sigma_schedule\)",

@@ -22,7 +22,8 @@ epsilon and the multi-reward rule.
 from __future__ import annotations
 
 import copy
-from official import Checkout, Launch, Value, code_fact, trace_ml_collections
+from official import (Checkout, Launch, Value, code_fact, flow_grpo_reward_facts,
+                      k_repeat_sampler_facts, trace_ml_collections)
 
 REPOSITORY = "Luo-Yihong/DGPO"
 ENV = "DGPO_PATH"
@@ -39,6 +40,8 @@ SCRIPT = "scripts/train_sd3_dgpo.py"
 PIPELINE = "flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py"
 STATS = "flow_grpo/stat_tracking.py"
 REWARDS = "flow_grpo/rewards.py"
+PICKSCORE = "flow_grpo/pickscore_scorer.py"
+OCR = "flow_grpo/ocr.py"
 NOTES = {"dgpo": "config/dgpo.py's three SD3.5-Medium runs (Mode 1 of its README: the paper's GenEval, OCR and "
                  "PickScore tables), 4 GPUs each; code.* keys are constants of the training script, its pipeline, stat "
                  "tracker and reward combination"}
@@ -61,6 +64,7 @@ def _annotated(value: Value, note: str) -> Value:
 def code_facts(checkout: Checkout) -> dict:
     """The constants the training script, pipeline, stat tracker and rewards fix, each at its line (``code.*``)."""
     return {
+        **k_repeat_sampler_facts(checkout, SCRIPT),  # each rollout batch its own random prompts
         # the rollout scheduler: DPM-Solver++ from Sana's hub config, with flow_shift 3 written over it
         "code.scheduler": code_fact(
             checkout, SCRIPT, r"pipeline\.scheduler = (DPMSolverMultistepScheduler)\.from_pretrained\(", str),
@@ -126,6 +130,9 @@ def launches(checkout: Checkout, preset: str) -> list[Launch]:
         values, local = trace_ml_collections(checkout, CONFIG, function, {function: ["gpu_number", "num_groups"]})
         values.update({k.replace(function, "launch", 1): v for k, v in local.items()})
         values.update(copy.deepcopy(facts))  # each launch its own lists (no YAML anchors)
+        if "pickscore" in rewards:  # its PickScore is the CLIP logit over 26
+            values["code.pickscore_divisor"] = code_fact(checkout, PICKSCORE, r"scores = scores\s*/\s*(\d+)")
+        values.update(flow_grpo_reward_facts(checkout, rewards, OCR, REWARDS))  # OCR's full credit, GenEval's images
         entry = code_fact(checkout, CONFIG, rf"^def ({function})\(", convert=str).source
         out.append(Launch(function, model, rewards, values, entry))
     return out

@@ -26,7 +26,8 @@ import ast
 import copy
 import re
 
-from official import Checkout, Launch, Value, code_fact, trace_ml_collections
+from official import (Checkout, Launch, Value, code_fact, flow_grpo_reward_facts, k_repeat_sampler_facts,
+                      trace_ml_collections)
 
 REPOSITORY = "NVlabs/DiffusionNFT"
 ENV = "DIFFUSION_NFT_PATH"
@@ -45,6 +46,9 @@ SCRIPT = "scripts/train_nft_sd3.py"
 PIPELINE = "flow_grpo/diffusers_patch/pipeline_with_logprob.py"
 STATS = "flow_grpo/stat_tracking.py"
 REWARDS = "flow_grpo/rewards.py"
+PICKSCORE = "flow_grpo/pickscore_scorer.py"
+CLIPSCORE = "flow_grpo/clip_scorer.py"
+OCR = "flow_grpo/ocr.py"
 NOTES = {"diffusion_nft": "config/nft.py's five SD3.5-Medium runs (the paper's GenEval, OCR, PickScore, HPSv2 and "
                           "multi-reward tables), 8 GPUs each; code.* keys are constants of the training script, its "
                           "pipeline, stat tracker and reward combination"}
@@ -129,6 +133,28 @@ def code_facts(checkout: Checkout) -> dict:
             before = {"flat": "", "uprate": r"flat = \d+\s*", "uphold": r"flat = \d+\s*uprate = [\d.]+\s*"}[name]
             facts[f"code.decay_type_{kind}.{name}"] = code_fact(
                 checkout, SCRIPT, head + before + name + " = " + pattern, function="return_decay")
+    facts.update(k_repeat_sampler_facts(checkout, SCRIPT))  # each rollout batch its own random prompts
+    return facts
+
+
+def reward_scale_facts(checkout: Checkout, rewards: list[str]) -> dict[str, Value]:
+    """How its reward code scores the rewards a launch trains on (what enters the sum): PickScore's CLIP logit over 26;
+    CLIPScore's logit (exp(logit_scale)·cos, unclamped) over 100 on torchvision's tensor transforms; CLIPScore and HPSv2
+    handed the rollout's float images as they are (only a non-tensor is rounded); OCR's full credit for a prompt
+    contained in the recognised text; GenEval scored in-process on PIL images (no JPEG)."""
+    facts = {}
+    if "pickscore" in rewards:
+        facts["code.pickscore_divisor"] = code_fact(checkout, PICKSCORE, r"scores = scores\s*/\s*(\d+)")
+    if "clipscore" in rewards:
+        facts["code.clipscore_score"] = code_fact(
+            checkout, CLIPSCORE, r"^\s*return (outputs\.logits_per_image\.diagonal\(\) / \d+)$", str)
+        facts["code.clipscore_transform"] = code_fact(checkout, CLIPSCORE, r"resize = (T\.Resize)\(get_size", str)
+        facts["code.clipscore_images"] = code_fact(
+            checkout, REWARDS, r"if not (isinstance\(images, torch\.Tensor\)):", str, function="clip_score")
+    if "hpsv2" in rewards:
+        facts["code.hpsv2_images"] = code_fact(
+            checkout, REWARDS, r"if not (isinstance\(images, torch\.Tensor\)):", str, function="hpsv2_score")
+    facts.update(flow_grpo_reward_facts(checkout, rewards, OCR, REWARDS))
     return facts
 
 
@@ -146,6 +172,7 @@ def launches(checkout: Checkout, preset: str) -> list[Launch]:
         values.update(copy.deepcopy(facts))  # each launch its own lists (no YAML anchors)
         for name in ("n_gpus", "gradient_step_per_epoch"):
             values[f"launch.{name}"] = _call_argument(checkout, function, name)
+        values.update(reward_scale_facts(checkout, rewards))
         entry = code_fact(checkout, CONFIG, rf"^def ({function})\(", convert=str).source
         out.append(Launch(function, model, rewards, values, entry))
     return out

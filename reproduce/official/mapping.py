@@ -120,11 +120,20 @@ def effective(cfg, key: str):
         if name not in table:
             raise KeyError(f"{key}: the {section.split('.')[1]} takes no {name!r}")
         return table[name]
-    node = cfg
-    for part in re.findall(r"[^.\[\]]+|\[\d+\]", key):  # rewards[0].weight or rewards.0.weight: an index
+    node, spec = cfg, None
+    # rewards[0].weight or rewards.0.weight: an index; rewards[pickscore].kwargs.divide_by: the reward of that name
+    for part in re.findall(r"[^.\[\]]+|\[[^\]]+\]", key):
         index = part.strip("[]")
+        if spec is not None and node is spec.kwargs and part not in node:
+            return reward_default(spec.name, part)  # an option the run leaves to the reward: its constructor's default
+        spec = node if hasattr(node, "kwargs") and hasattr(node, "name") else spec
         if index.isdigit() and isinstance(node, (list, tuple)) and int(index) < len(node):
             node = node[int(index)]
+        elif part.startswith("[") and isinstance(node, (list, tuple)):
+            named = [item for item in node if getattr(item, "name", None) == index]
+            if len(named) != 1:
+                raise KeyError(f"{key}: the run has {len(named)} entries named {index!r}")
+            node = named[0]
         elif dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}:
             node = getattr(node, part)
         elif isinstance(node, dict) and part in node:
@@ -136,6 +145,18 @@ def effective(cfg, key: str):
     if isinstance(node, (list, tuple)):
         return [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in node]
     return node
+
+
+def reward_default(name: str, option: str):
+    """The default of the reward ``name``'s constructor option ``option`` (what a run that does not set it scores with)."""
+    import inspect
+
+    from rewards import reward_class
+
+    parameter = inspect.signature(reward_class(name).__init__).parameters.get(option)
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        raise KeyError(f"the {name} reward takes no option {option!r} with a default")
+    return parameter.default
 
 
 def same(want, got) -> bool:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import inspect
 
-from official import Checkout, ExtractionError, Launch, Value, argparse_launch, code_fact
+from official import Checkout, ExtractionError, Launch, epoch_sampler_facts, Value, argparse_launch, code_fact
 
 REPOSITORY = "Tencent-Hunyuan/MixGRPO"
 ENV = "MIXGRPO_PATH"
 PRESETS = ("mixgrpo", "mixgrpo_flash", "mixgrpo_flash_star")
 
 SCRIPT = "fastvideo/train_grpo_flux.py"
+PICKSCORE = "fastvideo/models/reward_model/pick_score.py"
 SAMPLING = "fastvideo/utils/sampling_utils.py"
 STATES = "fastvideo/utils/grpo_states.py"
 PREPROCESS = "fastvideo/data_preprocess/preprocess_flux_embedding.py"
@@ -67,6 +68,8 @@ def code_facts(checkout: Checkout) -> dict[str, Value]:
     guidance = r"guidance=torch\.tensor\(\s*\[([\d.]+)\]"
     autocast = r"torch\.autocast\(\"cuda\", torch\.(\w+)\)"
     return {
+        # the prompts: one pass over the set at a time, from the file the embedding launch reads
+        **epoch_sampler_facts(checkout, SCRIPT, "scripts/preprocess/preprocess_flux_rl_embeddings.sh", "--prompt_path"),
         # the rollout and the training forward: FLUX.1-dev's embedded guidance, one conditional pass
         "code.guidance_rollout": fact(SAMPLING, guidance, function="run_sample_step"),
         "code.guidance_training": fact(SCRIPT, guidance, function="grpo_one_step"),
@@ -169,5 +172,14 @@ def launches(checkout: Checkout, preset: str) -> list[Launch]:
     rewards = list(REWARDS[values["reward_model"].value])
     if values["reward_model"].value == "multi_reward" and values["unified_reward_url"].value not in (None, "None"):
         raise ExtractionError(f"{launcher}: a UnifiedReward URL joins a reward flowgrpo has no counterpart for")
+    if "pickscore" in rewards:  # its PickScore model standardises the CLIP logit: (x - mean) / std, defaults kept
+        for name in ("mean", "std"):
+            values[f"code.pickscore_{name}"] = code_fact(
+                checkout, PICKSCORE, rf"def __init__\(self, device: str = \"cuda\", http_proxy=None, https_proxy=None,.*"
+                rf"\b{name}=([\d.]+)")
+        values["code.pickscore_constructed"] = code_fact(
+            checkout, SCRIPT, r"https_proxy=args\.image_reward_https_proxy,\s*\)\)\s*"  # multi_reward's, after ImageReward's
+            r"reward_models\.append\((PickScoreRewardModel)\(\s*device=device,\s*http_proxy=args\."
+            r"pick_score_http_proxy,\s*https_proxy=args\.pick_score_https_proxy,\s*\)\)", str)
     name = launcher.rsplit("/", 1)[-1]
     return [Launch(name, MODEL, rewards, values, f"{launcher}:{command.line}")]

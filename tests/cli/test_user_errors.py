@@ -65,6 +65,10 @@ TRAINING = [
     (["prompts={tmp}/long.txt"], r"long.txt:1 is a prompt of 44,999 characters \(at most 20,000; .*put one prompt on each line"),
     (["prompts={tmp}/huge.txt"], r"prompts '.*huge.txt' is 1.0 GiB, more than the 1 GiB a prompt set may be .*split it"),
     (["train.balance_by=task", "prompts={tmp}/mixed.jsonl"], r"train.balance_by='task' but prompt 1 of '.*mixed.jsonl' has no metadata 'task' while others do"),
+    (["train.balance_by=task", "train.prompt_draw=batch"], r"train.balance_by='task' balances the passes .* set train.balance_by='' or train.prompt_draw=pass"),
+    (["train.prompt_draw=batch", "prompts={tmp}/mixed.jsonl"], r"train.prompt_draw=batch draws 8 distinct prompts a rollout batch from a set of 2: use a larger prompt set"),
+    (["prompts=geneval-train"], r"prompt set 'geneval-train' could not be fetched from file:///nonexistent/yifan123/flow_grpo/.*flowgrpo prompts fetch geneval-train"),
+    (["reward_options={{pickscore: 26}}"], r"reward_options.pickscore=26 is not a mapping of the reward's options; write e.g."),
     (["rewards=[{{name: toy_dence}}]"], r"unknown reward 'toy_dence' in rewards\[0\].name; did you mean 'toy_dense'\?"),
     (["eval.reward=pickscor"], r"unknown reward 'pickscor' in eval.reward; did you mean 'pickscore'\?"),
     (["rewards=[{{name: 'no_such_module:Reward'}}]"], r"cannot import reward 'no_such_module:Reward' \(rewards\[0\].name\)"),
@@ -135,7 +139,9 @@ TRAINING = [
 
 
 @pytest.mark.parametrize("argv, message", TRAINING, ids=[" ".join(a) for a, _ in TRAINING])
-def test_training_user_errors_are_one_line_with_the_fix(argv, message, files, capsys):
+def test_training_user_errors_are_one_line_with_the_fix(argv, message, files, capsys, monkeypatch):
+    monkeypatch.setenv("FLOWGRPO_CACHE", str(files / "cache"))  # an official set that is not here, from nowhere
+    monkeypatch.setenv("FLOWGRPO_PROMPTS_URL", "file:///nonexistent/{repository}/{commit}/{path}")
     argv = [a.format(tmp=files) for a in argv] + [f"output_dir={files}/runs", "log.progress=false"]
     assert _train_t2i()(argv) == 2
     captured = capsys.readouterr()

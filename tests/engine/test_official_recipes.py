@@ -6,6 +6,7 @@ deliberate difference that really differs (reproduce/official/map/). An official
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -142,3 +143,24 @@ def test_a_reason_cut_short_by_an_unquoted_comma_is_refused():
     with pytest.raises(ValueError, match="allow_tf32: unknown field"):
         mapping.check_fields(table, "x")
     mapping.check_fields(yaml.safe_load('none:\n  a: {kind: hardware, why: "TF32, a speed setting"}\n'), "x")
+
+
+def test_each_reward_is_scored_as_the_official_scorer_does_and_a_reward_scaled_otherwise_fails():
+    """The rewards of a launch, as its official code computes them (scale, preprocessing, input), are mapped keys
+    (reward options resolved from the preset's recipe); negative control: the same run with the rewards' options
+    dropped (flowgrpo's defaults: raw PickScore, 100·max(cos, 0) on PIL-resized uint8 images) is reported wrong."""
+    scored = {"code.pickscore_divisor", "code.clipscore_score", "code.clipscore_transform", "code.clipscore_images",
+              "code.hpsv2_images", "code.ocr_contained", "code.geneval_images", "code.multi_reward"}
+    rows = check("diffusion_nft")
+    assert {r.official for r in rows if r.official in scored and r.status == "same"} == scored
+    multi = next(r for r in rows if r.launch == "sd3_multi_reward" and r.official == "code.clipscore_score")
+    assert multi.flowgrpo == {"rewards[clipscore].kwargs.divide_by": (100.0, 100), "rewards[clipscore].kwargs.logit_scale":
+                              (True, True), "rewards[clipscore].kwargs.clamp": (False, False)}
+
+    def defaults(*args, **kwargs):
+        resolved = resolve(*args, **kwargs)
+        resolved.config.rewards = [dataclasses.replace(r, kwargs={}) for r in resolved.config.rewards]
+        return resolved
+
+    wrong = {r.official for r in check("diffusion_nft", resolve=defaults) if r.status == "wrong"}
+    assert wrong == scored - {"code.geneval_images", "code.multi_reward"}  # in-process GenEval is lossless, the default
