@@ -328,6 +328,10 @@ def _provenance(cfg: Config, layers: list) -> dict:
                 for leaf in final:
                     if leaf.startswith(key + ".") or leaf == key:
                         origin[leaf] = label
+    optioned = sorted({r.name for r in cfg.rewards if cfg.reward_options.get(r.name)})
+    if optioned and "rewards" in origin:  # the rewards' kwargs hold reward_options folded in (with_reward_options)
+        where = sorted({v for k, v in origin.items() if k.split(".")[0] == "reward_options" and k.split(".")[1] in optioned})
+        origin["rewards"] += f"; kwargs of {', '.join(optioned)} from reward_options ({'; '.join(where)})"
     if "shift" not in cfg.sampling.plan:
         origin["sampling.plan.shift"] = (f"sampling.shift ({origin['sampling.shift']})" if cfg.sampling.shift is not None
                                          else "the model's shift for the plan's steps (sampling.shift is null)")
