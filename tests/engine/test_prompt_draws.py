@@ -121,3 +121,31 @@ def test_a_real_model_on_the_tiny_worlds_prompts_is_warned_and_a_tiny_one_is_not
     assert "geneval-train" in toy_prompts_warning("toy-train", real)
     assert toy_prompts_warning("toy-train", tiny) == ""
     assert toy_prompts_warning("pickscore-train", real) == ""
+
+
+def test_a_prompt_drawn_into_two_batches_of_an_iteration_is_one_group_in_training(tmp_path):
+    """End to end on the analytic world (8 prompts): prompt_draw=batch with two batches of 8 puts every prompt in
+    both, and the trainer's advantages z-score each prompt's 2 x group samples together (their mean is 0 over both
+    batches, not within each); prompt_draw=pass keeps every slot its own group (mean 0 within each batch)."""
+    import torch
+
+    from train_fixtures import analytic_rollout
+
+    def prompt_means(draw):
+        trainer, plan, batches, records = analytic_rollout(
+            tmp_path / draw, "flow_grpo", f"train.prompt_draw={draw}", "train.prompts_per_iteration=16",
+            "sampling.batches_per_iteration=2", "prompts=analytic-train")
+        adv, _ = trainer.assign_credit(batches, plan)
+        per_batch = [{} for _ in batches]
+        for b, (batch, rec, leaves) in enumerate(zip(batches, records, adv.leaves)):
+            for p, a in zip(rec.leaf_prompt.tolist(), leaves.tolist()):
+                per_batch[b].setdefault(batch.keys[p], []).append(a)
+        return per_batch
+
+    merged = prompt_means("batch")
+    assert sorted(merged[0]) == sorted(merged[1]) == list(range(8))  # each batch drew all 8 prompts
+    together = [torch.tensor(merged[0][k] + merged[1][k]).mean() for k in range(8)]
+    alone = [torch.tensor(merged[b][k]).mean().abs() for b in range(2) for k in range(8)]
+    assert max(abs(float(m)) for m in together) < 1e-5 and max(float(a) for a in alone) > 1e-2
+    apart = prompt_means("pass")
+    assert max(abs(float(torch.tensor(v).mean())) for batch in apart for v in batch.values()) < 1e-5
