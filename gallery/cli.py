@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="port for --serve (0 = any free port)")
     parser.add_argument("--force", action="store_true", help="re-read every step (ignore the build cache)")
     parser.add_argument("--verbose", action="store_true", help="log every request when serving")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options before or after the run directory
     if not args.run_dir.is_dir():
         parser.error(f"{args.run_dir} is not a directory (expected a run directory such as runs/NAME)")
 

@@ -361,6 +361,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` with each command's options and its positional words (a config's key=value
+    overrides, prompt set names) in any order: the command's own parser reads the rest intermixed (argparse's
+    ``parse_intermixed_args``, which a parser with subcommands cannot use itself)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if not argv or argv[0] not in commands:
+        return parser.parse_args(argv)  # no command, an unknown one, or --help: the top parser's own message
+    args = commands[argv[0]].parse_intermixed_args(argv[1:])
+    args.command = argv[0]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command. Bad input (a UserError) prints one line naming the fix and exits with status 2
     (UserExit); ``--debug`` shows its traceback instead."""
@@ -369,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["gallery"]:
         return cmd_gallery(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
         return args.func(args)
     except UserError as exc:

@@ -121,7 +121,7 @@ def main(argv: list[str] | None, *, prog: str, description: str, default: str) -
                              "printed at start-up (flowgrpo/run/threads.py)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of any config key (flowgrpo/config/schema.py)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options and key=value overrides in any order
     restore_handlers = lambda: None  # noqa: E731
     if argv is None:  # the script itself: under a launcher, stop when it dies (no orphan) and name it in the resume line
         follow_launcher()

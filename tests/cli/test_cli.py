@@ -220,3 +220,32 @@ def test_config_refuses_bad_input_in_one_line(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["flowgrpo config: error: loss.clip_range=-1.0 is not allowed; use a number > 0"]
+
+
+def test_options_and_overrides_come_in_any_order_on_every_entry_point(tmp_path, monkeypatch, capsys):
+    """train_t2i.py a=1 --preset flow_grpo b=2 takes both overrides (argparse refused b=2 as an unrecognized
+    argument); so do `flowgrpo config` and `flowgrpo prompts`, and the gallery takes its options around the folder."""
+    from flowgrpo.cli import tools
+    from flowgrpo.cli import train as train_cli
+    from gallery import cli as gallery_cli
+
+    seen = {}
+
+    def stop(cfg):
+        seen["cfg"] = cfg
+        raise SystemExit(0)
+
+    monkeypatch.setattr(train_cli, "preflight", stop)
+    with pytest.raises(SystemExit):
+        train_cli.main(["train.iterations=3", "--preset", "dgpo", f"output_dir={tmp_path}", "--threads", "1",
+                        "train.seed=5"], prog="train_t2i.py", description="", default="default")
+    cfg = seen["cfg"]
+    assert (cfg.train.iterations, cfg.train.seed, cfg.threads, cfg.learner.name) == (3, 5, 1, "dgpo")
+    assert tools.main(["config", "train.iterations=7", "--preset", "dgpo", "train.seed=3"]) == 0
+    out = capsys.readouterr().out
+    assert "iterations: 7" in out and "seed: 3" in out and "name: dgpo" in out
+    args = tools.parse(tools.build_parser(), ["prompts", "fetch", "ocr-train", "--debug", "pickscore-train"])
+    assert (args.command, args.action, args.names, args.debug) == ("prompts", "fetch", ["ocr-train", "pickscore-train"], True)
+    with pytest.raises(SystemExit):
+        gallery_cli.main(["--force", str(tmp_path / "missing"), "--port", "0"])  # parsed, then refused: no such run
+    assert "is not a directory" in capsys.readouterr().err
