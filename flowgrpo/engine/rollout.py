@@ -44,8 +44,6 @@ class PromptDraws:
         self.rank, self.world = rank, world
         self.per_batch_draw = train.prompt_draw == "batch"
         self._batch_draws: dict = {}  # (iteration, batch) -> its prompt indices (prompt_draw=batch)
-        if self.per_batch_draw:  # refused at start-up, not at the first iteration
-            draw_batch_prompts(0, 0, self.per_iteration // batches, len(prompts), self.seed)
 
     def iteration_slots(self, iteration: int) -> list[list[int]]:
         """Global prompt slots of each rollout batch for this process."""
@@ -64,11 +62,11 @@ class PromptDraws:
                                                                      len(self.prompts), self.seed)
         return self._batch_draws[iteration, batch][offset]
 
-    def group_keys(self, iteration: int, slots: list[int]) -> list[int]:
-        """What makes a group for the advantages, per slot: the slot itself (each slot its own group), or with
-        train.prompt_draw=batch the prompt drawn into it, so a prompt drawn into two batches of an iteration is one
-        group (the official stat trackers key their groups by prompt)."""
-        return [self.dataset_index(iteration, s) for s in slots] if self.per_batch_draw else list(slots)
+    def group_keys(self, slots: list[int], indices: list[int]) -> list[int]:
+        """What makes a group for the advantages, per slot (``indices``: the prompts ``dataset_index`` put in them): the
+        slot itself (each slot its own group), or with train.prompt_draw=batch the prompt drawn into it, so a prompt
+        drawn into two batches of an iteration is one group (the official stat trackers key their groups by prompt)."""
+        return list(indices) if self.per_batch_draw else list(slots)
 
 
 @torch.no_grad()
@@ -82,7 +80,7 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
     batches = []
     for slots in draws.iteration_slots(iteration):
         idx = [draws.dataset_index(iteration, s) for s in slots]
-        keys = draws.group_keys(iteration, slots)
+        keys = draws.group_keys(slots, idx)
         texts, metadata = [draws.prompts[i] for i in idx], [draws.metadata[i] for i in idx]
         cond = model.encode_prompts(texts)
         with policy.sampling_with(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):

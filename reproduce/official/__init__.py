@@ -716,17 +716,20 @@ def k_repeat_sampler_facts(checkout: Checkout, script: str) -> dict[str, Value]:
     }
 
 
-def flow_grpo_reward_facts(checkout: Checkout, rewards: list[str], ocr: str, reward_code: str) -> dict[str, Value]:
-    """How a Flow-GRPO-family code scores OCR and GenEval, for a launch that trains on them: OCR gives full credit to
-    a prompt contained in the recognised text (``code.ocr_contained``); GenEval's images reach the detector either as
-    JPEGs posted to its server (PIL's default quality, 75) or as PIL images in-process (``code.geneval_images``)."""
+def flow_grpo_reward_facts(checkout: Checkout, rewards: list[str], scorers: str) -> dict[str, Value]:
+    """How a Flow-GRPO-family code (its ``scorers`` folder: flow_grpo/) scores the rewards a launch trains on, beyond
+    what its config says: PickScore's CLIP logit over 26 (``code.pickscore_divisor``); OCR's full credit to a prompt
+    contained in the recognised text (``code.ocr_contained``); GenEval's images reaching the detector either as JPEGs
+    posted to its server (PIL's default quality, 75) or as PIL images in-process (``code.geneval_images``)."""
     facts = {}
+    if "pickscore" in rewards:
+        facts["code.pickscore_divisor"] = code_fact(checkout, f"{scorers}/pickscore_scorer.py", r"scores = scores\s*/\s*(\d+)")
     if "ocr" in rewards:
-        facts["code.ocr_contained"] = code_fact(checkout, ocr, r"^\s*if (prompt in recognized_text):", str)
+        facts["code.ocr_contained"] = code_fact(checkout, f"{scorers}/ocr.py", r"^\s*if (prompt in recognized_text):", str)
     if "geneval" in rewards:
         facts["code.geneval_images"] = code_fact(
-            checkout, reward_code, r"(img\.save\(buffer, format=\"JPEG\"\)|pil_images = \[Image\.fromarray\(image\) for "
-            r"image in image_batch\])", str, function="geneval_score")
+            checkout, f"{scorers}/rewards.py", r"(img\.save\(buffer, format=\"JPEG\"\)|pil_images = \[Image\.fromarray\(image\) "
+            r"for image in image_batch\])", str, function="geneval_score")
     return facts
 
 

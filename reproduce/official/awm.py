@@ -26,9 +26,6 @@ PIPELINE = f"{CODE}/flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py"
 SOLVER = f"{CODE}/flow_grpo/diffusers_patch/sa_solver.py"
 EMA = f"{CODE}/flow_grpo/ema.py"
 STATS = f"{CODE}/flow_grpo/stat_tracking.py"
-PICKSCORE = f"{CODE}/flow_grpo/pickscore_scorer.py"
-OCR = f"{CODE}/flow_grpo/ocr.py"
-REWARDS = f"{CODE}/flow_grpo/rewards.py"
 
 # launch script -> (flowgrpo model config, flowgrpo rewards): the runs of the paper's tables; the config function
 # each script trains with is read from the script itself
@@ -146,9 +143,7 @@ def launches(checkout: Checkout, preset: str) -> list[Launch]:
         values["save_dir"] = code_fact(checkout, CONFIG, r"config\.save_dir = (f'[^']*')", str, function=function)
         values.update(launch_values)
         values.update(copy.deepcopy(facts))  # one object per launch: the data file has no YAML aliases
-        if "pickscore" in rewards:  # its PickScore is the CLIP logit over 26
-            values["code.pickscore_divisor"] = code_fact(checkout, PICKSCORE, r"scores = scores\s*/\s*(\d+)")
-        values.update(flow_grpo_reward_facts(checkout, rewards, OCR, REWARDS))  # OCR's full credit, GenEval's JPEGs
+        values.update(flow_grpo_reward_facts(checkout, rewards, f"{CODE}/flow_grpo"))  # PickScore ÷ 26, OCR, GenEval
         out.append(Launch(function, model, rewards, values, _function_line(checkout, function)))
     return out
 

@@ -40,8 +40,6 @@ SCRIPT = "scripts/train_sd3_dgpo.py"
 PIPELINE = "flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py"
 STATS = "flow_grpo/stat_tracking.py"
 REWARDS = "flow_grpo/rewards.py"
-PICKSCORE = "flow_grpo/pickscore_scorer.py"
-OCR = "flow_grpo/ocr.py"
 NOTES = {"dgpo": "config/dgpo.py's three SD3.5-Medium runs (Mode 1 of its README: the paper's GenEval, OCR and "
                  "PickScore tables), 4 GPUs each; code.* keys are constants of the training script, its pipeline, stat "
                  "tracker and reward combination"}
@@ -130,9 +128,7 @@ def launches(checkout: Checkout, preset: str) -> list[Launch]:
         values, local = trace_ml_collections(checkout, CONFIG, function, {function: ["gpu_number", "num_groups"]})
         values.update({k.replace(function, "launch", 1): v for k, v in local.items()})
         values.update(copy.deepcopy(facts))  # each launch its own lists (no YAML anchors)
-        if "pickscore" in rewards:  # its PickScore is the CLIP logit over 26
-            values["code.pickscore_divisor"] = code_fact(checkout, PICKSCORE, r"scores = scores\s*/\s*(\d+)")
-        values.update(flow_grpo_reward_facts(checkout, rewards, OCR, REWARDS))  # OCR's full credit, GenEval's images
+        values.update(flow_grpo_reward_facts(checkout, rewards, "flow_grpo"))  # PickScore ÷ 26, OCR, GenEval
         entry = code_fact(checkout, CONFIG, rf"^def ({function})\(", convert=str).source
         out.append(Launch(function, model, rewards, values, entry))
     return out

@@ -46,9 +46,7 @@ SCRIPT = "scripts/train_nft_sd3.py"
 PIPELINE = "flow_grpo/diffusers_patch/pipeline_with_logprob.py"
 STATS = "flow_grpo/stat_tracking.py"
 REWARDS = "flow_grpo/rewards.py"
-PICKSCORE = "flow_grpo/pickscore_scorer.py"
 CLIPSCORE = "flow_grpo/clip_scorer.py"
-OCR = "flow_grpo/ocr.py"
 NOTES = {"diffusion_nft": "config/nft.py's five SD3.5-Medium runs (the paper's GenEval, OCR, PickScore, HPSv2 and "
                           "multi-reward tables), 8 GPUs each; code.* keys are constants of the training script, its "
                           "pipeline, stat tracker and reward combination"}
@@ -142,9 +140,7 @@ def reward_scale_facts(checkout: Checkout, rewards: list[str]) -> dict[str, Valu
     CLIPScore's logit (exp(logit_scale)·cos, unclamped) over 100 on torchvision's tensor transforms; CLIPScore and HPSv2
     handed the rollout's float images as they are (only a non-tensor is rounded); OCR's full credit for a prompt
     contained in the recognised text; GenEval scored in-process on PIL images (no JPEG)."""
-    facts = {}
-    if "pickscore" in rewards:
-        facts["code.pickscore_divisor"] = code_fact(checkout, PICKSCORE, r"scores = scores\s*/\s*(\d+)")
+    facts = flow_grpo_reward_facts(checkout, rewards, "flow_grpo")  # PickScore ÷ 26, OCR, GenEval
     if "clipscore" in rewards:
         facts["code.clipscore_score"] = code_fact(
             checkout, CLIPSCORE, r"^\s*return (outputs\.logits_per_image\.diagonal\(\) / \d+)$", str)
@@ -154,7 +150,6 @@ def reward_scale_facts(checkout: Checkout, rewards: list[str]) -> dict[str, Valu
     if "hpsv2" in rewards:
         facts["code.hpsv2_images"] = code_fact(
             checkout, REWARDS, r"if not (isinstance\(images, torch\.Tensor\)):", str, function="hpsv2_score")
-    facts.update(flow_grpo_reward_facts(checkout, rewards, OCR, REWARDS))
     return facts
 
 

@@ -66,12 +66,13 @@ def test_batch_draws_are_each_batchs_own_random_choice_and_a_repeated_prompt_is_
     train = SimpleNamespace(prompts_per_iteration=6, seed=0, prompt_draw="batch")
     draws = PromptDraws(prompts, [{}] * 3, None, train, batches=2, rank=0, world=1)
     slots = draws.iteration_slots(0)
-    keys = [draws.group_keys(0, s) for s in slots]
+    keys = [draws.group_keys(s, [draws.dataset_index(0, k) for k in s]) for s in slots]
     assert sorted(keys[0]) == sorted(keys[1]) == [0, 1, 2]  # both batches hold all 3 prompts: 3 groups, not 6
     assert keys == [[draws.dataset_index(0, s) for s in batch] for batch in slots]
     train.prompt_draw = "pass"
     draws = PromptDraws(prompts * 2, [{}] * 6, None, train, batches=2, rank=0, world=1)
-    assert [draws.group_keys(0, s) for s in draws.iteration_slots(0)] == [[0, 1, 2], [3, 4, 5]]
+    assert [draws.group_keys(s, [draws.dataset_index(0, k) for k in s]) for s in draws.iteration_slots(0)] == \
+        [[0, 1, 2], [3, 4, 5]]
 
 
 def test_the_official_training_sets_are_checked_by_their_git_blob_id_shipped_or_fetched(tmp_path, monkeypatch):
