@@ -15,6 +15,7 @@ from rewards.common import import_object
 # name -> "module:Class"; imported lazily so optional dependencies load only when used
 REGISTRY: dict[str, str] = {
     "toy": "rewards.toy.scorer:ToyScorer",
+    "toy_edit": "rewards.toy.edit_scorer:ToyEditScorer",
     "toy_video": "rewards.toy.video_scorer:ToyVideoScorer",
     "toy_dense": "rewards.toy.dense:ToyDense",
     "analytic_hit": "rewards.analytic:AnalyticHit",
