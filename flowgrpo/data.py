@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 
 import samplers
+from flowgrpo import conditions
 from flowgrpo.prompt_sets import TRAINING_PROMPT_SETS, prompt_set_file
 from flowgrpo.run.errors import UserError
 from samplers.grids import STREAM_PROMPT_BATCH, STREAM_PROMPT_GROUPS, STREAM_PROMPT_IN_GROUP, STREAM_PROMPT_PASS
 from worlds import analytic
-from worlds.toy import clips, scenes
+from worlds.toy import clips, edits, scenes
 
 
 class PromptFileError(UserError, ValueError):
@@ -41,7 +42,31 @@ BUILTIN_PROMPT_SETS = {
     "toy-train": scenes.train_prompts, "toy-eval": scenes.eval_prompts,
     "toy-video-train": clips.train_prompts, "toy-video-eval": clips.eval_prompts,
     "analytic-train": analytic.train_prompts, "analytic-eval": analytic.eval_prompts,
+    "toy-edit-train": edits.train_edits, "toy-edit-eval": edits.eval_edits,
 }
+# the editing world's sets carry a source image per row: rendered once at this size (the tiny edit model's) into the
+# cache, then read like a user's edit set (flowgrpo/conditions.py)
+TOY_EDIT_SOURCE_SIZE = 32
+
+
+def toy_edit_sources(items: list, spec: str) -> list[str]:
+    """The source image files of the editing world's records ``items``: rendered once into
+    ``$FLOWGRPO_CACHE/toy-edit/<spec>-<hash of the records>/`` (a change of the world renders a new folder)."""
+    import hashlib
+
+    from PIL import Image
+
+    from flowgrpo.prompt_sets import cache_dir
+
+    digest = hashlib.sha1(json.dumps([p.to_dict() for p in items], sort_keys=True).encode()).hexdigest()[:12]
+    folder = cache_dir().parent / "toy-edit" / f"{spec}-{TOY_EDIT_SOURCE_SIZE}-{digest}"
+    paths = [folder / f"{i:05d}.png" for i in range(len(items))]
+    if not (folder / "complete").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        for item, path in zip(items, paths):
+            Image.fromarray(edits.render_source(item, TOY_EDIT_SOURCE_SIZE)).save(path)
+        (folder / "complete").write_text("")
+    return [str(path) for path in paths]
 # the papers' evaluation prompt sets, shipped in configs/evaluation/ (their sources and licences: SOURCES.md there)
 EVALUATION_PROMPT_SETS = {
     "geneval": "geneval_prompts.jsonl",  # GenEval's 553 prompts with their tag, objects, counts, colours, positions
@@ -63,10 +88,14 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
     analytic world)), a papers' evaluation set (EVALUATION_PROMPT_SETS: 'geneval', 'ocr-test',
     'pickscore-test'; docs/evaluation.md), an official run's training set (flowgrpo/prompt_sets.py: 'geneval-train',
     'ocr-train', 'pickscore-train', 'hpd-train'; fetched on first use), a .txt file (one prompt a line) or a .jsonl file ({"prompt": ..., "metadata":
-    {...}} a line; metadata optional)."""
+    {...}} a line; metadata optional; ``"image"`` or ``"images"``: the row's condition images, checked now and kept
+    as absolute paths in its metadata's ``"images"``, flowgrpo/conditions.py)."""
     if spec in BUILTIN_PROMPT_SETS:
         items = BUILTIN_PROMPT_SETS[spec]()
         prompts, metadata = [p.text for p in items], [p.to_dict() for p in items]
+        if spec.startswith("toy-edit-"):  # each row's source image, as a user's edit set names it
+            for m, path in zip(metadata, toy_edit_sources(items, spec)):
+                m[conditions.KEY] = [path]
     else:
         if spec in TRAINING_PROMPT_SETS:  # an official run's training set: shipped, fetched, or fetched now
             path = prompt_set_file(spec)
@@ -106,6 +135,12 @@ def read_prompts(spec: str, limit: int = 0) -> tuple[list[str], list[dict]]:
             for m in metadata:  # GenEval's "tag" is its task: per-task means and balancing read "task"
                 if isinstance(m, dict) and "tag" in m and "task" not in m:
                     m["task"] = m["tag"]
+            for (number, _), row, m in zip(numbered, rows, metadata):  # condition images: checked now, kept absolute
+                if "image" in row or conditions.KEY in row:
+                    if not isinstance(m, dict):
+                        raise PromptFileError(f"{path}:{number}: 'metadata' must be a JSON object when the row has images")
+                    conditions.resolve_row(row, m, path.parent, f"{path}:{number}")
+            conditions.check_counts(metadata, spec)
         else:
             prompts, metadata = [line.strip() for _, line in numbered], [{} for _ in numbered]
         for (number, _), prompt in zip(numbered, prompts):

@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 import samplers
+from flowgrpo.conditions import images_of, reward_conditions
 from flowgrpo.run.errors import build_reward
 from rewards import Reward
 
@@ -34,10 +35,12 @@ def generate(
     progress: bool = True,
     desc: str = "sampling",
     noise_index: list[int] | None = None,
+    metadata: list[dict] | None = None,
 ) -> torch.Tensor:
     """Images [N, 3, H, W] (video models: videos [N, F, 3, H, W]) in [0, 1] for N prompts, by ODE
     sampling from seeded noise: prompt i's x_T is drawn from (seed, ``noise_index[i]``), by default (seed, i).
-    ``progress``: a bar labelled ``desc`` that counts ODE steps over all batches."""
+    ``progress``: a bar labelled ``desc`` that counts ODE steps over all batches. ``metadata``: the prompts' rows,
+    whose condition images (an edit's source, flowgrpo/conditions.py) are encoded with them."""
     noise_index = list(range(len(prompts))) if noise_index is None else list(noise_index)
     steps = steps or model.config.sample_steps
     sigmas = samplers.time_grid(steps, model.shift_for(steps), model.shift_terminal)
@@ -47,7 +50,7 @@ def generate(
     with tqdm(total=len(starts) * (len(sigmas) - 1), desc=desc, unit="step", disable=not progress, leave=None) as bar:
         for start in starts:
             chunk = prompts[start : start + batch_size]
-            cond = model.encode_prompts(chunk)
+            cond = model.encode_prompts(chunk, images=images_of(metadata[start : start + batch_size] if metadata else None))
             x = samplers.eval_noise(model.latent_shape(), seed, noise_index[start : start + len(chunk)])
             x = x.to(model.device, model.dtype)
             velocity = model.velocity_fn(cond, guidance_scale)
@@ -131,10 +134,12 @@ def evaluate(
     images = generate(
         model, mine, seed=seed, steps=steps, guidance_scale=guidance_scale,
         batch_size=batch_size, progress=progress, desc=desc, noise_index=[first_index + i for i in index],
+        metadata=mine_meta,
     )
     outputs = share(lambda: [
         reward(images[i : i + batch_size], mine[i : i + batch_size],
-               None if mine_meta is None else mine_meta[i : i + batch_size])
+               None if mine_meta is None else mine_meta[i : i + batch_size],
+               reward_conditions(None if mine_meta is None else mine_meta[i : i + batch_size], images.shape[-2:]))
         for i in range(0, len(mine), batch_size)
     ])
     scores = torch.cat([o.scores for o in outputs])

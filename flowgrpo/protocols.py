@@ -191,7 +191,7 @@ class _SampleWriter:
         self.lines: list[str] = []
 
     def add(self, images, prompts, metadata, scores, start: int, j: int, seed: int) -> None:
-        from flowgrpo.run.run_dir import _save_media
+        from flowgrpo.run.run_dir import _save_media, _save_sources
         from samplers.grids import eval_noise_seed
 
         for i, (image, prompt) in enumerate(zip(images, prompts)):
@@ -203,6 +203,7 @@ class _SampleWriter:
                 "prompt_slot": index, "group": index, "group_size": self.k, "node": j, "parent": -1,
                 "rewards": {self.benchmark: None if math.isnan(score) else score}, "advantage": None,
                 "model": self.label, **_save_media(self.folder, f"p{index:05d}_{j}", image, 8),
+                **_save_sources(self.folder, metadata[i]),
             }))
         # the manifest of every image so far: an evaluation stopped midway leaves its images viewable
         (self.folder / "manifest.jsonl").write_text("\n".join(self.lines) + "\n")

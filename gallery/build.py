@@ -150,7 +150,10 @@ def _read_step(folder: Path, out: Path) -> tuple[dict, dict]:
             task = metadata.get("task")
             groups[key] = {"prompt": prompt, "task": task if isinstance(task, str) else "",
                            "slot": slot, "group": group, "metadata": metadata, "size": None, "stats": {},
-                           "run_seed": _seed(row.get("seed")), "samples": []}
+                           "run_seed": _seed(row.get("seed")), "samples": [],
+                           # the prompt's condition images (an edit's source), shown beside its samples
+                           "sources": [media.fields(f, None)["thumb"] for f in row.get("sources") or []
+                                       if isinstance(f, str)]}
         g = groups[key]
         if g["size"] is None:  # the group's true size and reward statistics, saved samples or not
             g["size"] = _int(row.get("group_size"))

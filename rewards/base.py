@@ -20,6 +20,12 @@ An image reward whose instance sets `quantize = False` skips the rounding: it ge
 in [0, 1] as they came (validated, clamped) in `score_float(images, prompts, metadata)`, and `score`
 takes float32 batches. It is for rewards that must reproduce a scorer which reads the sampler's
 float output unrounded (DiffusionNFT's CLIPScore and HPSv2: `quantize=False` on clipscore, hpsv2).
+
+Conditioned generation (image editing): a reward that judges a result against its source sets
+`sees_condition = True` and receives `conditions`, the prompts' condition images [B, K, 3, H, W] (K
+references each, resized to the result's H x W, rounded like the images, or float32 with quantize=False),
+as the keyword `conditions` of its scorer (`score_uint8(images, prompts, metadata, conditions=...)`).
+Rewards without it never see them, so every text-to-image reward scores edits too (the result alone).
 """
 
 from __future__ import annotations
@@ -43,23 +49,41 @@ class Reward:
     name: str = ""
     modality: str = "image"  # "image" | "video" | "both" | "vector"
     quantize: bool = True  # False: score_float gets the float32 [0, 1] images unrounded (module docstring)
+    sees_condition: bool = False  # True: the scorer also takes the condition images (keyword ``conditions``)
 
     def __call__(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None,
+        conditions: torch.Tensor | None = None,
     ) -> RewardOutput:
         """images: float [B, 3, H, W] (image) or [B, F, 3, H, W] (video) RGB in [0, 1], or samples
-        [B, d] (vector); prompts: B strings; metadata: None or B dicts."""
+        [B, d] (vector); prompts: B strings; metadata: None or B dicts; conditions: None or the prompts'
+        condition images float [B, K, 3, H, W] in [0, 1] (passed on only to rewards with sees_condition)."""
         if self.modality == "vector":
             prepared = self.to_float32(images)
         else:
             prepared = self.to_uint8(images) if self.quantize else self.to_unit_float(images)
-        return self.score(prepared, prompts, metadata)
+        if conditions is not None and self.sees_condition:
+            conditions = self._prepare_conditions(conditions, images.shape[0])
+        return self.score(prepared, prompts, metadata, conditions=conditions)
+
+    def _prepare_conditions(self, conditions: torch.Tensor, batch: int) -> torch.Tensor:
+        """Validate float condition images [B, K, 3, H, W] in [0, 1] and round them as the images are."""
+        if not isinstance(conditions, torch.Tensor) or conditions.ndim != 5 or conditions.shape[2] != 3 \
+                or conditions.shape[0] != batch:
+            raise ValueError(f"{self.name}: conditions must be the condition images [B={batch}, K, 3, H, W], got "
+                             f"{tuple(getattr(conditions, 'shape', ())) or type(conditions).__name__}")
+        b, k = conditions.shape[:2]
+        flat = self.to_unit_float(conditions.reshape(b * k, *conditions.shape[2:]))
+        flat = (flat * 255).round().to(torch.uint8) if self.quantize else flat
+        return flat.reshape(conditions.shape)
 
     def score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None,
+        conditions: torch.Tensor | None = None,
     ) -> RewardOutput:
         """`__call__` for a batch already rounded to uint8 [B, 3, H, W] or [B, F, 3, H, W] (a vector
-        reward: float32 [B, d]; a reward with quantize=False: float32 images in [0, 1])."""
+        reward: float32 [B, d]; a reward with quantize=False: float32 images in [0, 1]); ``conditions``
+        prepared the same way (uint8 or float32 [B, K, 3, H, W]), or None."""
         vector = self.modality == "vector"
         unrounded = not vector and not self.quantize
         want = torch.float32 if vector or unrounded else torch.uint8
@@ -78,7 +102,14 @@ class Reward:
                 f"{self.name}: got {batch} images but {len(metadata)} metadata entries; pass one per image or None"
             )
         scorer = self.score_vectors if vector else self.score_float if unrounded else self.score_uint8
-        out = scorer(images, list(prompts), None if metadata is None else list(metadata))
+        extra = {}
+        if self.sees_condition:
+            if conditions is None:
+                raise ValueError(f"{self.name}: judges a result against its source image and got none; train it on a "
+                                 "prompt set whose rows carry \"image\" (docs/editing.md), or use a reward that scores "
+                                 "the result alone")
+            extra["conditions"] = conditions
+        out = scorer(images, list(prompts), None if metadata is None else list(metadata), **extra)
         if not isinstance(out, RewardOutput):
             raise RuntimeError(f"{self.name}: score_uint8 returned {type(out).__name__}, expected RewardOutput")
         if out.scores.shape != (batch,) or out.scores.dtype != torch.float32:

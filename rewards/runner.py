@@ -119,14 +119,16 @@ class RewardRunner:
         self._locks = {key: threading.Lock() for key in self.rewards}  # one call at a time per reward object
         self.timeouts = {key: float((timeouts or {}).get(key) or 0.0) for key in self.rewards}
 
-    def submit(self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None
-               ) -> concurrent.futures.Future:
-        """Start scoring; returns a Future of RewardResult (its result() never raises for reward failures)."""
+    def submit(self, images: torch.Tensor, prompts: list[str], metadata: list[dict] | None = None,
+               conditions: torch.Tensor | None = None) -> concurrent.futures.Future:
+        """Start scoring; returns a Future of RewardResult (its result() never raises for reward failures).
+        ``conditions``: the prompts' condition images [B, K, 3, H, W] (editing), for the rewards that see them."""
         images = images.detach().clone()
+        conditions = None if conditions is None else conditions.detach().clone()
         prompts = list(prompts)
         metadata = None if metadata is None else [dict(m) for m in metadata]
         batch = images.shape[0]
-        parts = {key: self._pool.submit(self._call, key, images, prompts, metadata) for key in self.rewards}
+        parts = {key: self._pool.submit(self._call, key, images, prompts, metadata, conditions) for key in self.rewards}
         done: concurrent.futures.Future = concurrent.futures.Future()
         remaining = [len(parts)]
         lock = threading.Lock()
@@ -145,11 +147,11 @@ class RewardRunner:
             future.add_done_callback(on_done)
         return done
 
-    def score(self, images, prompts, metadata=None) -> RewardResult:
+    def score(self, images, prompts, metadata=None, conditions=None) -> RewardResult:
         """submit(...).result(): the synchronous form."""
-        return self.submit(images, prompts, metadata).result()
+        return self.submit(images, prompts, metadata, conditions).result()
 
-    def _call(self, key: str, images, prompts, metadata) -> tuple[RewardOutput | None, str | None, float]:
+    def _call(self, key: str, images, prompts, metadata, conditions=None) -> tuple[RewardOutput | None, str | None, float]:
         reward = self.rewards[key][0]
         started = time.perf_counter()
         error = None
@@ -157,7 +159,7 @@ class RewardRunner:
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                out = self._invoke(key, reward, (images, prompts, metadata))
+                out = self._invoke(key, reward, (images, prompts, metadata, conditions))
                 return out, None, time.perf_counter() - started
             except Exception as exc:  # noqa: BLE001  (a failing reward never crashes the run)
                 error = f"{type(exc).__name__}: {exc}"

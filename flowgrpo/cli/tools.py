@@ -8,6 +8,7 @@
                          ``python -m gallery`` and ``flowgrpo-gallery``)
   flowgrpo pretrain-toy  (re)build the embedded tiny SD3 model on the toy world (resumable)
   flowgrpo pretrain-toy-video  (re)build the embedded tiny Wan2.1 model on the toy video world (resumable)
+  flowgrpo pretrain-toy-edit   (re)build the embedded tiny FLUX.1-Kontext edit model on the toy editing world
   flowgrpo plan          GPU memory per process of training a model (weights, gradients, optimizer, weight
                          copies, frozen encoders, rollout latents, activations) and the largest group and
                          micro-batch that fit, from the architecture alone (docs/memory.md)
@@ -117,6 +118,13 @@ def cmd_pretrain_toy_video(args) -> int:
     from flowgrpo.tiny.pretrain_video import PretrainVideoConfig, pretrain_toy_video
 
     print(json.dumps(pretrain_toy_video(_pretrain_config(PretrainVideoConfig, args)), indent=2))
+    return 0
+
+
+def cmd_pretrain_toy_edit(args) -> int:
+    from flowgrpo.tiny.pretrain_edit import PretrainEditConfig, pretrain_toy_edit
+
+    print(json.dumps(pretrain_toy_edit(_pretrain_config(PretrainEditConfig, args)), indent=2))
     return 0
 
 
@@ -238,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flowgrpo", description=__doc__.split("\n\nRun ")[0], epilog=_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{eval,gallery,pretrain-toy,pretrain-toy-video,plan,prompts,config}")
+                                metavar="{eval,gallery,pretrain-toy,pretrain-toy-video,pretrain-toy-edit,plan,prompts,config}")
 
     ev = sub.add_parser("eval", help="score a model or checkpoint on a papers' benchmark (--benchmark geneval|ocr|"
                         "pickscore: its prompts, images, seeds, settings, scorer and table) or on a prompt set with a reward")
@@ -300,6 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pretrain_options(pre_video, PretrainVideoConfig)
     pre_video.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
     pre_video.set_defaults(func=cmd_pretrain_toy_video)
+
+    from flowgrpo.tiny.pretrain_edit import PretrainEditConfig
+
+    pre_edit = sub.add_parser("pretrain-toy-edit",
+                              help="build the embedded tiny FLUX.1-Kontext edit model on the toy editing world (resumable)")
+    _add_pretrain_options(pre_edit, PretrainEditConfig)
+    pre_edit.add_argument("--debug", action="store_true", help="show the traceback of an error in the input too")
+    pre_edit.set_defaults(func=cmd_pretrain_toy_edit)
 
     pl = sub.add_parser("plan", help="GPU memory per process of training a model, and the largest group and "
                         "micro-batch that fit (docs/memory.md)")

@@ -76,7 +76,7 @@ METHOD_SECTIONS = ("sampling", "learner", "advantage", "loss")
 
 # the model configs of the built-in tiny worlds (docs/presets.md): a run on one of them (or with no --model) takes the
 # tiny world's CPU settings; any other model config is a real model and takes the preset's paper recipe
-TINY_WORLD_MODELS = ("tiny_sd3", "tiny_wan", "analytic")
+TINY_WORLD_MODELS = ("tiny_sd3", "tiny_wan", "tiny_kontext", "analytic")
 # top-level blocks of a config YAML that say where the settings apply, not settings themselves:
 #   tiny:              (the embedded defaults) the tiny world's CPU settings, applied only in the tiny world
 #   preset:            (the embedded defaults, a --config file) the method the file is written for: the preset a run

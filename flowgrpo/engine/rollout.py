@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 import samplers
+from flowgrpo.conditions import images_of
 from flowgrpo.data import draw_batch_prompts, draw_prompt
 
 
@@ -82,7 +83,7 @@ def sample(iteration: int, plan, draws: PromptDraws, policy, learner, scoring, c
         idx = [draws.dataset_index(iteration, s) for s in slots]
         keys = draws.group_keys(slots, idx)
         texts, metadata = [draws.prompts[i] for i in idx], [draws.metadata[i] for i in idx]
-        cond = model.encode_prompts(texts)
+        cond = model.encode_prompts(texts, images=images_of(metadata))  # with an edit's source, where rows carry one
         with policy.sampling_with(learner.sampling_copy), model.integer_timesteps(sampling.integer_timesteps):
             record = samplers.rollout(
                 policy.velocity_fn(cond, sampling.guidance_scale), plan, prompt_ids=slots,

@@ -18,6 +18,7 @@ import torch
 from flowgrpo.run.checkpoint import checkpoint_dirs
 from flowgrpo.run.errors import ConfigError, UserError, build_reward
 from rewards import RewardLookupError, reward_class
+from flowgrpo.conditions import reward_conditions
 from rewards.runner import RewardRunner
 
 EXAMPLE_REWARD = {"image": "toy", "video": "toy_video", "vector": "analytic_hit"}
@@ -75,8 +76,9 @@ class Scoring:
         return [r.name for r in self.rewards]
 
     def submit(self, media: torch.Tensor, texts: list[str], metadata: list[dict]):
-        """Score a decoded chunk in the worker thread; a Future of its RewardResult."""
-        return self.runner.submit(media, texts, metadata)
+        """Score a decoded chunk in the worker thread; a Future of its RewardResult. The rows' condition images (an
+        edit's source, flowgrpo/conditions.py) go with it, at the chunk's size, to the rewards that see them."""
+        return self.runner.submit(media, texts, metadata, reward_conditions(metadata, media.shape[-2:]))
 
     def collect(self, futures: list) -> torch.Tensor:
         """The rewards [L, K] of an iteration's chunks (in leaf order), warning once per failed call."""

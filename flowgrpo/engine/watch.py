@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from rewards.stats import brightness, diversity, flicker, high_frequency, saturation
+from flowgrpo.conditions import reward_conditions
 
 STATISTICS = ("brightness", "saturation", "high_frequency", "diversity", "flicker")
 HELD_OUT = "held_out"  # the guard that is the held-out reward's scores themselves
@@ -148,7 +149,8 @@ class Watch:
         values = {HELD_OUT: held_out.detach().double().cpu()} if self.held_out and held_out is not None else {}
         values |= {name: statistic(name, media, prompts, self.embedder()) for name in self.statistics}
         for name, reward in self.rewards.items():
-            values[name] = reward(media.float().cpu(), prompts, metadata).scores.cpu()
+            values[name] = reward(media.float().cpu(), prompts, metadata,
+                                  reward_conditions(metadata, media.shape[-2:])).scores.cpu()
         return values
 
     def observe(self, iteration: int, values: dict[str, torch.Tensor], training: tuple[float, float] | None,

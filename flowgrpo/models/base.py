@@ -142,6 +142,11 @@ class FlowModel(TrainableWeights):
         return float(ratio) * self._num_train_timesteps
 
     @property
+    def max_references(self) -> int:
+        """How many condition images a prompt may carry (its family record's; 0: a text-only family)."""
+        return FAMILIES[self.config.family].max_references
+
+    @property
     def modality(self) -> str:
         """"image": decode -> [N, 3, H, W]; "video": decode -> [N, F, 3, H, W]; "vector" (its family's record)."""
         return FAMILIES[self.config.family].modality
@@ -295,16 +300,46 @@ class FlowModel(TrainableWeights):
 
     # ---------------------------------------------------------------- the interface
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str], chunk_size: int = 64) -> Conditioning:
+    def encode_prompts(self, prompts: list[str], chunk_size: int = 64, images: Optional[list[list]] = None
+                       ) -> Conditioning:
         """Encode prompts once (text encoders are frozen); rows follow the order of ``prompts``. With
-        model.offload_text_encoders the encoders come to the device for this call and go back to the CPU after."""
+        model.offload_text_encoders the encoders come to the device for this call and go back to the CPU after.
+        ``images``: each prompt's condition images (RGB PIL images, the same number for every prompt; an edit's
+        source), for a family that takes them (``max_references``), preprocessed and encoded as its pipeline does
+        (``_encode_references``); None for text-only prompts."""
         if isinstance(prompts, str) or not prompts:
             raise ValueError("encode_prompts takes a non-empty list of prompt strings")
+        if images is not None:
+            self._check_condition_images(prompts, images)
         with self._text_encoders_ready():
-            return self._encode_prompts(prompts, chunk_size)
+            return self._encode_prompts(prompts, chunk_size, images)
 
-    def _encode_prompts(self, prompts: list[str], chunk_size: int) -> Conditioning:
-        parts = [self._encode(list(prompts[i : i + chunk_size])) for i in range(0, len(prompts), chunk_size)]
+    def _check_condition_images(self, prompts: list[str], images: list[list]) -> None:
+        from flowgrpo.models.config import ModelConfigError
+
+        family = self.config.family
+        if not self.max_references:
+            editing = ", ".join(sorted(name for name, f in FAMILIES.items() if f.max_references))
+            raise ModelConfigError(f"the prompts carry condition images (an editing set) but model.family={family} "
+                                   f"generates from text alone; train an editing family ({editing}) or use a prompt "
+                                   "set without 'image'")
+        if len(images) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(images)} rows of condition images; give one list per prompt")
+        counts = {len(row) for row in images}
+        if len(counts) != 1 or not 1 <= next(iter(counts)) <= self.max_references:
+            raise ModelConfigError(f"model.family={family} takes 1 to {self.max_references} condition image(s) per "
+                                   f"prompt; the prompts carry {sorted(counts)}")
+
+    def _encode_prompts(self, prompts: list[str], chunk_size: int, images: Optional[list[list]] = None) -> Conditioning:
+        spans = range(0, len(prompts), chunk_size)
+        if images is None:
+            parts = [self._encode(list(prompts[i : i + chunk_size])) for i in spans]
+            references = None
+        else:
+            parts = [self._encode_with_images(list(prompts[i : i + chunk_size]), images[i : i + chunk_size]) for i in spans]
+            chunks = [self._encode_references(images[i : i + chunk_size]) for i in spans]
+            references = tuple(torch.cat([c[k] for c in chunks]) for k in range(len(chunks[0])))
+
         def cat(i: int) -> Optional[torch.Tensor]:
             return None if len(parts[0]) <= i or parts[0][i] is None else torch.cat([p[i] for p in parts])
 
@@ -315,7 +350,17 @@ class FlowModel(TrainableWeights):
                 self._negative = (neg[0], neg[1], neg[3] if len(neg) > 3 else None)
             negative = self._negative
         return Conditioning(cat(0), cat(1), negative[0], negative[1], parts[0][2], prompt_mask=cat(3),
-                            negative_prompt_mask=negative[2])
+                            negative_prompt_mask=negative[2], references=references)
+
+    def _encode_with_images(self, prompts: list[str], images: list[list]) -> tuple[Optional[torch.Tensor], ...]:
+        """``_encode`` for prompts that carry condition images: a family whose text encoder reads the images too
+        (Qwen-Image-Edit's VLM) overrides it; by default the text is encoded alone."""
+        return self._encode(prompts)
+
+    def _encode_references(self, images: list[list]) -> tuple[torch.Tensor, ...]:
+        """Each prompt's condition images as latents, one tensor per reference [P, C, h, w]: the editing family's
+        pipeline preprocessing and VAE encoding (``max_references`` > 0)."""
+        raise NotImplementedError
 
     def _cfg_possible(self) -> bool:
         """Whether some guidance scale turns CFG on (then prompts carry the unconditional row)."""

@@ -1,5 +1,6 @@
-"""Text conditioning rows: what ``FlowModel.encode_prompts`` returns once per prompt, gathered per latent later
-(``Conditioning.select``), with the unconditional row classifier-free guidance batches as ``[uncond; cond]``."""
+"""Conditioning rows: what ``FlowModel.encode_prompts`` returns once per prompt (its text, and for an editing model
+its condition images' latents), gathered per latent later (``Conditioning.select``), with the unconditional row
+classifier-free guidance batches as ``[uncond; cond]``."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ class Conditioning:
     # (Qwen-Image, Z-Image); None where the embeddings are used whole (SD3, FLUX, Wan)
     prompt_mask: Optional[torch.Tensor] = None
     negative_prompt_mask: Optional[torch.Tensor] = None  # [1, L] the unconditional row's mask, or None
+    # the prompts' condition images as latents, one tensor per reference [P, C, h_k, w_k] in the family's latent space
+    # (an edit's source: one); the unconditional pass sees them too, as the editing pipelines' negative passes do.
+    # None for a text-only prompt
+    references: Optional[tuple[torch.Tensor, ...]] = None
 
     def __len__(self) -> int:
         return self.prompt_embeds.shape[0]
@@ -33,16 +38,19 @@ class Conditioning:
     def select(self, index: torch.Tensor) -> Conditioning:
         """Rows ``index`` ([N] long) for a batch of N latents; shared fields are kept as they are."""
         index = torch.as_tensor(index, dtype=torch.long, device=self.prompt_embeds.device)
-        pooled, mask = self.pooled_prompt_embeds, self.prompt_mask
+        pooled, mask, refs = self.pooled_prompt_embeds, self.prompt_mask, self.references
         return replace(
             self,
             prompt_embeds=self.prompt_embeds.index_select(0, index),
             pooled_prompt_embeds=None if pooled is None else pooled.index_select(0, index),
             prompt_mask=None if mask is None else mask.index_select(0, index),
+            references=None if refs is None else tuple(r.index_select(0, index.to(r.device)) for r in refs),
         )
 
     def to(self, device: torch.device | str) -> Conditioning:
-        def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        def move(t):
+            if isinstance(t, tuple):
+                return tuple(r.to(device) for r in t)
             return None if t is None else t.to(device)
 
         return Conditioning(*(move(getattr(self, f.name)) for f in fields(self)))
@@ -61,6 +69,7 @@ class Conditioning:
             pooled_prompt_embeds=None if neg_pooled is None else neg_pooled.expand(n, -1),
             text_ids=self.text_ids,
             prompt_mask=None if neg_mask is None else neg_mask.expand(n, -1),
+            references=self.references,
         )
 
     def concat(self, other: Conditioning) -> Conditioning:
@@ -70,9 +79,13 @@ class Conditioning:
             pooled = torch.cat([self.pooled_prompt_embeds, other.pooled_prompt_embeds])
         if self.prompt_mask is not None:
             mask = torch.cat([self.prompt_mask, other.prompt_mask])
+        refs = None
+        if self.references is not None:
+            refs = tuple(torch.cat([a, b]) for a, b in zip(self.references, other.references))
         return replace(
             self,
             prompt_embeds=torch.cat([self.prompt_embeds, other.prompt_embeds]),
             pooled_prompt_embeds=pooled,
             prompt_mask=mask,
+            references=refs,
         )

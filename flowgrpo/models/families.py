@@ -45,6 +45,8 @@ class Family:
     memory_inventory: Optional[str] = None
     transformer_class: Optional[str] = None  # its denoising network's diffusers class (memory plan, context parallelism)
     geometry: Optional[str] = None  # the family whose latent and token geometry it shares (None: its own)
+    # condition images a prompt may carry (an editing family's source and references; flowgrpo/conditions.py); 0: none
+    max_references: int = 0
 
     def adapter_class(self) -> type:
         """The FlowModel subclass (imported now)."""
@@ -77,6 +79,10 @@ register_family(Family("flux", "flowgrpo.models.flux:FluxModel", memory_inventor
                        components=("transformer", "text_encoder", "text_encoder_2", "vae")))
 # Wan's LoRA targets: the query/key/value/output projections of every self-attention (attn1) and cross-attention
 # (attn2) block, as diffusers' and DanceGRPO's Wan LoRA training choose. Wan2.2 A14B adds transformer_2.
+# FLUX.1-Kontext: FLUX.1 with the edit's source image as a second token sequence (flowgrpo/models/flux.py)
+register_family(Family("flux_kontext", "flowgrpo.models.flux:FluxKontextModel", memory_inventory="flux",
+                       transformer_class="FluxTransformer2DModel", components=("transformer", "text_encoder", "text_encoder_2", "vae"),
+                       geometry="flux", max_references=1))
 register_family(Family("wan", "flowgrpo.models.wan:WanModel", modality="video", temporal_factor=4, memory_inventory="wan",
                        components=("transformer", "text_encoder", "vae"), lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
                        transformer_class="WanTransformer3DModel"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from diffusers import FluxPipeline
+from diffusers import FluxKontextPipeline, FluxPipeline
 
 from flowgrpo.models.base import FlowModel
 
@@ -83,3 +83,58 @@ class FluxModel(FlowModel):
     def _image_seq_len(self) -> int:
         _, h, w = self.latent_shape()
         return (h // 2) * (w // 2)  # packed tokens, as FluxPipeline passes latents.shape[1]
+
+
+class FluxKontextModel(FluxModel):
+    """FLUX.1-Kontext (``FluxKontextPipeline``): FLUX.1 that edits a source image given an instruction.
+
+    The source is the prompt's condition image (flowgrpo/conditions.py). As the pipeline does, it is resized to the
+    output size with the pipeline's image processor (the pipeline's ``_auto_resize=False`` path: flowgrpo trains at
+    ``model.resolution``, not at Kontext's preferred resolutions), encoded by the VAE (its mode, then
+    ``(z - shift_factor) * scaling_factor``) and packed 2x2 like the latents; every transformer call appends its
+    tokens after the noisy latent's, with image ids whose first coordinate is 1 (the pipeline's ``image_ids``), and
+    keeps the output's first tokens (the latent's). The time shift counts the latent's tokens only, as the pipeline's
+    ``calculate_shift(latents.shape[1])``. A prompt without a source runs as FLUX.1 (the pipeline's text-to-image
+    path). Guidance, timestep and text are FLUX.1's.
+    """
+
+    pipeline_class = FluxKontextPipeline
+
+    def _encode_references(self, images: list[list]) -> tuple[torch.Tensor, ...]:
+        """The sources [P, C, h, w]: the pipeline's resize and preprocess at the output size, the VAE's mode, shifted
+        and scaled (``FluxKontextPipeline._encode_vae_image``)."""
+        height, width = self.config.resolution, self.config.width or self.config.resolution
+        processor = self.pipeline.image_processor
+        pixels = torch.cat([processor.preprocess(processor.resize(row[0], height, width), height, width)
+                            for row in images]).to(self.device, self.vae.dtype)
+        return (self.pipeline._encode_vae_image(pixels, generator=None).float(),)
+
+    def _transformer_velocity(self, transformer, x, sigma, cond, guidance_scale):
+        if cond.references is None:
+            return super()._transformer_velocity(transformer, x, sigma, cond, guidance_scale)
+        guidance = None
+        if self.guidance_embeds:
+            guidance = torch.full([x.shape[0]], guidance_scale, device=self.device, dtype=torch.float32)
+        return kontext_call(transformer, x, cond.references[0].to(self.device, self.dtype),
+                            self._model_time(sigma).to(self.dtype) / 1000,  # as FLUX.1: t.to(latent dtype) / 1000
+                            guidance, cond.pooled_prompt_embeds.to(self.dtype), cond.prompt_embeds.to(self.dtype),
+                            cond.text_ids.to(self.dtype), self.pipeline.vae_scale_factor)
+
+
+def kontext_call(transformer, x: torch.Tensor, source: torch.Tensor, timestep: torch.Tensor, guidance, pooled: torch.Tensor,
+                 embeds: torch.Tensor, text_ids: torch.Tensor, vae_scale_factor: int) -> torch.Tensor:
+    """One FLUX.1-Kontext transformer call on UNPACKED latents x [N, C, h, w] and sources [N, C, h', w']: both packed
+    2x2, the source's tokens after the latent's with image ids whose first coordinate is 1 (the pipeline's
+    ``image_ids``), the output's first tokens (the latent's) unpacked: ``FluxKontextPipeline``'s step. Also the tiny
+    edit model's pretraining call (flowgrpo/tiny/pretrain_edit.py)."""
+    n, channels, h, w = x.shape
+    hs, ws = source.shape[-2:]
+    tokens = torch.cat([FluxPipeline._pack_latents(x, n, channels, h, w),
+                        FluxPipeline._pack_latents(source, n, channels, hs, ws)], dim=1)
+    img_ids = FluxPipeline._prepare_latent_image_ids(n, h // 2, w // 2, x.device, x.dtype)
+    source_ids = FluxPipeline._prepare_latent_image_ids(n, hs // 2, ws // 2, x.device, x.dtype)
+    source_ids[..., 0] = 1  # the source is a second "frame"
+    out = transformer(hidden_states=tokens, timestep=timestep, guidance=guidance, pooled_projections=pooled,
+                      encoder_hidden_states=embeds, txt_ids=text_ids, img_ids=torch.cat([img_ids, source_ids]),
+                      return_dict=False)[0][:, : (h // 2) * (w // 2)]  # the pipeline's noise_pred[:, : latents.size(1)]
+    return FluxPipeline._unpack_latents(out, h * vae_scale_factor, w * vae_scale_factor, vae_scale_factor)

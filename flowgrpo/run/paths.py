@@ -13,7 +13,8 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # flowgrpo/
 ASSETS_DIR = PACKAGE_DIR / "tiny" / "assets"
 # built-in models and the command that (re)builds each one
-BUILTIN_RECIPES = {"tiny-sd3": "flowgrpo pretrain-toy", "tiny-wan": "flowgrpo pretrain-toy-video"}
+BUILTIN_RECIPES = {"tiny-sd3": "flowgrpo pretrain-toy", "tiny-wan": "flowgrpo pretrain-toy-video",
+                   "tiny-kontext": "flowgrpo pretrain-toy-edit"}
 
 
 def _data_dir(name: str) -> Path:

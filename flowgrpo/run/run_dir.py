@@ -97,6 +97,26 @@ def _save_media(folder: Path, stem: str, media: torch.Tensor, fps: int) -> dict:
     return files
 
 
+def _save_sources(folder: Path, metadata) -> dict:
+    """A conditioned sample's condition images (an edit's source) beside it in its step folder, each saved once
+    per folder as ``src_<hash>.png``, so the gallery shows the source next to the result even when the prompt set
+    moves; returns the manifest's ``sources`` key (file names, in the row's order), or nothing for a text prompt."""
+    import hashlib
+
+    from flowgrpo.conditions import KEY, load
+
+    paths = (metadata or {}).get(KEY) if isinstance(metadata, dict) else None
+    if not paths:
+        return {}
+    names = []
+    for path in paths:
+        name = f"src_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}.png"
+        if not (folder / name).is_file():
+            load(path).save(folder / name)
+        names.append(name)
+    return {"sources": names}
+
+
 # ---------------------------------------------------------------- run identity: one experiment per folder
 # Keys a rerun may change without changing the experiment: it resumes without asking (the change is still
 # recorded in config_history.jsonl). Why each leaves the experiment alone:
@@ -331,6 +351,7 @@ class RunWriter:
                     "group_rewards": stats, "node": node, "parent": parents[node],
                     "rewards": {n: _clean(float(row[k])) for k, n in enumerate(reward_names)},
                     "advantage": _clean(float(leaf_advantages[offset + i])), **files,
+                    **_save_sources(folder, b.metadata[p]),
                 }))
             offset += rec.num_leaves
         (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
@@ -352,7 +373,7 @@ class RunWriter:
                 "noise_seed": eval_noise_seed(seed, i),  # samplers.eval_noise's generator for prompt i
                 "prompt_slot": i, "group": i, "group_size": 1, "node": 0, "parent": -1,
                 "rewards": {reward_name: _clean(float(scores[i]))}, "advantage": None,
-                **_save_media(folder, f"e{i:04d}", item, fps),
+                **_save_media(folder, f"e{i:04d}", item, fps), **_save_sources(folder, metadata[i] if metadata else None),
             }))
         (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
 

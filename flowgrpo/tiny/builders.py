@@ -335,3 +335,48 @@ def build_tiny_wan_pipeline(tokenizer, sizes: TinyWanSizes = TinyWanSizes(), see
         expand_timesteps=expand_timesteps,
         **experts,
     )
+
+
+@dataclass(frozen=True)
+class TinyKontextSizes:
+    """Sizes of the tiny FLUX.1-Kontext, the embedded edit model (32x32 images, 4x8x8 latents: 16 latent tokens and 16
+    source tokens of 2x2 patches). No guidance embedding: it runs true classifier-free guidance."""
+
+    image_size: int = 32
+    text_width: int = 64  # the CLIP text encoder (its pooled output) and the T5 encoder
+    text_layers: int = 2
+    num_layers: int = 3  # double-stream (joint) blocks
+    num_single_layers: int = 3
+    num_heads: int = 4
+    head_dim: int = 32
+    rope_axes: tuple[int, int, int] = (8, 12, 12)  # sums to head_dim: (frame, row, column) position ids
+    shift: float = 3.0  # a fixed time shift, as the tiny SD3's (FLUX's dynamic shift would give 1.6 at 16 tokens)
+
+
+def build_tiny_kontext_pipeline(tokenizer, sizes: TinyKontextSizes = TinyKontextSizes(), seed: int = 0, vae=None):
+    """A ``FluxKontextPipeline`` of the real classes at ``sizes`` with random weights (``vae``: a trained
+    ``AutoencoderKL`` to use instead of a random one: the edit model's pretraining takes the tiny SD3's)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    torch.manual_seed(seed)
+    if vae is None:
+        vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 3,
+                            up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(16, 32, 32), layers_per_block=1,
+                            latent_channels=4, norm_num_groups=16, sample_size=sizes.image_size, scaling_factor=1.0,
+                            shift_factor=0.0)
+    clip = CLIPTextModel(CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=sizes.text_width, intermediate_size=2 * sizes.text_width,
+        num_hidden_layers=sizes.text_layers, num_attention_heads=max(1, sizes.text_width // 32),
+        max_position_embeddings=tokenizer.model_max_length, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+    t5 = _t5_encoder(tokenizer, sizes.text_width, sizes.text_layers)
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=4 * vae.config.latent_channels, num_layers=sizes.num_layers,
+        num_single_layers=sizes.num_single_layers, attention_head_dim=sizes.head_dim, num_attention_heads=sizes.num_heads,
+        joint_attention_dim=sizes.text_width, pooled_projection_dim=sizes.text_width, axes_dims_rope=sizes.rope_axes,
+        guidance_embeds=False)
+    _eval_mode(vae, clip, t5, transformer)
+    return FluxKontextPipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=sizes.shift),
+        vae=vae, text_encoder=clip, tokenizer=tokenizer, text_encoder_2=t5, tokenizer_2=tokenizer)

@@ -158,6 +158,11 @@ class ToyWorld:
     predict: Callable  # (pipe, x_t, sigma, captions) -> velocity, with gradients into the text encoders
     evaluate: Callable[[Path, object], dict]  # (snapshot folder, cfg) -> the evaluation summary
     encode_batch: int = 256  # scenes or clips per VAE encoding call
+    # a conditioned world (the editing world): its fixed data set (else ``dataset_size`` task-balanced draws of
+    # ``train_prompts``) and each item's condition pixels (an edit's source), encoded once like the targets and
+    # handed to ``predict`` as a fifth argument
+    dataset: list | None = None
+    render_condition: Callable[[list], torch.Tensor] | None = None
 
 
 def pretrain(cfg, world: ToyWorld) -> dict:
@@ -166,10 +171,16 @@ def pretrain(cfg, world: ToyWorld) -> dict:
     pipe = world.pipe
     train_vae(pipe, cfg, work, world.sample_pixels)
     pipe.vae.requires_grad_(False)
-    prompts = balanced_prompts(world.train_prompts, cfg.dataset_size, cfg.seed)
+    prompts = world.dataset or balanced_prompts(world.train_prompts, cfg.dataset_size, cfg.seed)
     raw = encode_dataset(pipe.vae, prompts, world.render, cfg.seed, work, batch=world.encode_batch)
     latents = world.normalise(pipe, raw)
-    final = train_flow(pipe, cfg, work, latents, [p.text for p in prompts], world.modules, world.predict, world.evaluate)
+    conditions = None
+    if world.render_condition is not None:
+        raw = encode_dataset(pipe.vae, prompts, lambda items, seeds: world.render_condition(items), cfg.seed, work,
+                             batch=world.encode_batch, name="conditions")
+        conditions = world.normalise(pipe, raw)
+    final = train_flow(pipe, cfg, work, latents, [p.text for p in prompts], world.modules, world.predict, world.evaluate,
+                       conditions=conditions)
     save_pipeline_from_snapshot(work / "snapshot", Path(cfg.output_dir))
     report = {"eval": final, "minutes": round((time.time() - started) / 60, 1), "output_dir": cfg.output_dir}
     (work / "report.json").write_text(json.dumps(report, indent=2))
@@ -203,16 +214,16 @@ def train_vae(pipe, cfg, work: Path, sample_pixels: Callable[[random.Random, int
 
 
 @torch.no_grad()
-def encode_dataset(vae, prompts: list, render, seed: int, work: Path, batch: int) -> torch.Tensor:
+def encode_dataset(vae, prompts: list, render, seed: int, work: Path, batch: int, name: str = "data") -> torch.Tensor:
     """VAE means of ``render(prompts, seeds)`` for every prompt (sample j of chunk i is seeded with
-    seed·1000003 + i + j), encoded once and cached in ``work/data.safetensors``."""
+    seed·1000003 + i + j), encoded once and cached in ``work/<name>.safetensors``."""
     from safetensors.torch import load_file, save_file
 
-    cache = work / "data.safetensors"
+    cache = work / f"{name}.safetensors"
     if cache.is_file():
         return load_file(cache)["latents"]
     latents = []
-    for i in tqdm(range(0, len(prompts), batch), desc="2/3 data"):
+    for i in tqdm(range(0, len(prompts), batch), desc=f"2/3 {name}"):
         chunk = prompts[i : i + batch]
         pixels = render(chunk, [seed * 1_000_003 + i + j for j in range(len(chunk))])
         latents.append(vae.encode(pixels * 2 - 1).latent_dist.mean)
@@ -226,9 +237,11 @@ def _shifted_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
 
 
 def train_flow(pipe, cfg, work: Path, latents: torch.Tensor, texts: list[str], modules: dict[str, torch.nn.Module],
-               predict: Callable, evaluate: Callable[[Path, object], dict]) -> dict | None:
+               predict: Callable, evaluate: Callable[[Path, object], dict],
+               conditions: torch.Tensor | None = None) -> dict | None:
     """Stage 3: rectified flow matching of ``modules`` on normalised ``latents`` [N, ...] with captions
-    ``texts``; ``predict(pipe, xt, sigma, captions)`` is the model's velocity, ``evaluate(snapshot_folder,
+    ``texts``; ``predict(pipe, xt, sigma, captions)`` is the model's velocity (``predict(..., conditions[batch])``
+    with the items' condition latents, an edit's source: never dropped), ``evaluate(snapshot_folder,
     cfg)`` scores an EMA snapshot. The EMA follows every step with λ = min(ema_decay, (1 + step)/(10 + step))."""
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.flow_lr, weight_decay=0.0)
@@ -251,7 +264,7 @@ def train_flow(pipe, cfg, work: Path, latents: torch.Tensor, texts: list[str], m
         sigma = _shifted_sigmas(torch.rand(cfg.flow_batch, generator=g), shift)
         s = sigma.view(-1, *([1] * (x0.ndim - 1)))
         xt = (1 - s) * x0 + s * noise
-        pred = predict(pipe, xt, sigma, captions)
+        pred = predict(pipe, xt, sigma, captions, *(() if conditions is None else (conditions[index],)))
         loss = F.mse_loss(pred, noise - x0)
         for group in optimizer.param_groups:
             group["lr"] = cfg.flow_lr * min(1.0, (step + 1) / cfg.flow_warmup)

@@ -132,6 +132,13 @@ function sharedNoiseChip(g) {
            "they differ by the noise of their SDE steps, drawn per tree node"});
 }
 
+/* The prompt's condition images (an edit's source), as tiles in front of its samples: source beside result. */
+function sourceTiles(g) {
+  return (g.sources || []).filter(Boolean).map((src, i, all) => el("figure", {class: "tile source"},
+    el("div", {class: "media"}, el("img", {src, alt: "source image", loading: "lazy"})),
+    el("figcaption", {}, el("p", {class: "muted small", text: all.length > 1 ? `source ${i + 1}` : "source"}))));
+}
+
 function groupCard(g, allSteps) {
   const head = el("header", {class: "group-head"},
     el("h3", {class: "prompt", text: g.prompt}),
@@ -149,7 +156,7 @@ function groupCard(g, allSteps) {
   if (isTree(g)) {
     card.classList.add("is-tree");
     card.append(renderTree(treeOf(g.samples), new Set(g.shown.map(s => s.key))));
-  } else card.append(el("div", {class: "tiles"}, ...sortSamples(g.shown.slice()).map(s => tile(s))));
+  } else card.append(el("div", {class: "tiles"}, ...sourceTiles(g), ...sortSamples(g.shown.slice()).map(s => tile(s))));
   return card;
 }
 
@@ -266,12 +273,14 @@ async function renderCompare(app) {
     if (S.all !== "1" && steps.length > 2) steps = [steps[0], steps[steps.length - 1]];
     await Promise.all(steps.map(loadStep));
     for (const name of steps) {
-      const samples = G.steps[name].groups.filter(g => g.prompt === entry.prompt).flatMap(g => g.samples);
+      const groups = G.steps[name].groups.filter(g => g.prompt === entry.prompt);
+      const samples = groups.flatMap(g => g.samples);
       const info = G.index.steps.find(s => s.name === name);
       const st = stats(samples.map(s => s.rv[S.reward]));
       right.append(el("section", {class: "compare-row", data: {step: name}},
         el("h3", {text: `${stepLabel(info)} · ${S.reward} ${formatNumber(st.mean)} ± ${formatNumber(st.std)}`}),
-        el("div", {class: "tiles"}, ...sortSamples(samples.slice()).map(s => tile(s)))));
+        el("div", {class: "tiles"}, ...(groups.length ? sourceTiles(groups[0]) : []),
+           ...sortSamples(samples.slice()).map(s => tile(s)))));
     }
   } else right.append(el("p", {class: "empty", text: "no prompt selected"}));
   app.replaceChildren(el("div", {class: "compare"}, el("aside", {}, field("prompt", pq), list), right));

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from flowgrpo.conditions import images_of
+
 # each entry's tensors, saved as replay.<i>.<field>
 TENSORS = ("state", "next_state", "log_prob", "sigma", "sigma_next", "eta", "kernel", "step", "weight")
 
@@ -40,6 +42,7 @@ class Entry:
     origin: int  # the iteration it was sampled in
     group: int  # its global group id then
     text: str  # its prompt (re-encoded when it is replayed)
+    metadata: dict  # its prompt's row (its condition images are re-encoded with the text)
     advantage: float  # its advantage then (clipped)
     state: torch.Tensor
     next_state: torch.Tensor
@@ -96,7 +99,7 @@ class ReplayBuffer:
         r = torch.tensor([rows[i].row for i in members])
         host = lambda t: t[r.to(t.device)].detach().cpu().clone()  # noqa: E731
         prompt = int(rec.prompt[r[0]])
-        return Entry(iteration, rows[members[0]].group, b.texts[prompt], rows[members[0]].advantage,
+        return Entry(iteration, rows[members[0]].group, b.texts[prompt], b.metadata[prompt], rows[members[0]].advantage,
                      rec.latents("state", r).cpu().clone(), rec.latents("next_state", r).cpu().clone(),
                      host(rec.log_prob), host(rec.sigma), host(rec.sigma_next), host(rec.eta), host(rec.kernel),
                      host(rec.step), host(rec.loss_weight), self.rank)
@@ -126,7 +129,7 @@ class ReplayBuffer:
             leaf_state=state[:0], leaf_prompt=none, leaf_node=none, leaf_group=none, leaf_root=none, root_state=state[:0],
             node_parent=none, node_depth=none, node_group=none, prompt_ids=torch.arange(len(texts)),
             prompt_cond=torch.arange(len(texts)), groups_per_prompt=1, nfe={})
-        cond = model.encode_prompts(texts)
+        cond = model.encode_prompts(texts, images=images_of([e.metadata for e in self.entries]))
         return ReplayBatch(record, cond, texts), spans
 
     def weights(self, lp_now: torch.Tensor, spans: list) -> list[float]:
@@ -149,8 +152,8 @@ class ReplayBuffer:
     def state(self) -> tuple[list[dict], dict[str, torch.Tensor]]:
         """(metadata per entry, tensors ``replay.<i>.<field>``) of every process's entries."""
         entries = self.everyone()
-        meta = [{"origin": e.origin, "group": e.group, "text": e.text, "advantage": e.advantage, "owner": e.owner}
-                for e in entries]
+        meta = [{"origin": e.origin, "group": e.group, "text": e.text, "metadata": e.metadata, "advantage": e.advantage,
+                 "owner": e.owner} for e in entries]
         tensors = {f"replay.{i}.{name}": getattr(e, name).contiguous() for i, e in enumerate(entries) for name in TENSORS}
         return meta, tensors
 
@@ -162,7 +165,8 @@ class ReplayBuffer:
             owner = m["owner"] if world_then == self.world else i % self.world
             if owner == self.rank:
                 fields = {name: tensors[f"replay.{i}.{name}"].cpu() for name in TENSORS}
-                self.entries.append(Entry(m["origin"], m["group"], m["text"], m["advantage"], owner=owner, **fields))
+                self.entries.append(Entry(m["origin"], m["group"], m["text"], m.get("metadata") or {}, m["advantage"],
+                                          owner=owner, **fields))
 
 
 __all__ = ["Entry", "ReplayBatch", "ReplayBuffer", "TENSORS"]
