@@ -6,7 +6,8 @@ images in a JSON-lines file::
     {"prompt": "make the sky orange", "image": "sources/0001.png"}
     {"prompt": "put the cat from the first picture on the sofa of the second", "images": ["cat.png", "sofa.png"]}
 
-Paths are relative to the file's folder (or absolute). :func:`resolve_row` checks every image when the set is read
+Paths are relative to the file's folder (or absolute). A row may also name a ``"mask"`` (white where the instruction
+may change the image), which the preservation reward reads (rewards/preservation.py). :func:`resolve_row` checks every image when the set is read
 (``flowgrpo.data.read_prompts``) and keeps their absolute paths in the row's metadata under ``"images"``; from there
 the condition goes wherever the prompt goes, because the metadata does: rollouts and the training pass encode it
 with the prompt (:func:`images_of` -> ``FlowModel.encode_prompts(texts, images=...)``), rewards that judge a result
@@ -55,6 +56,11 @@ def resolve_row(row: dict, metadata: dict, folder: Path, where: str) -> None:
     resolved = [str(check_image((folder / p) if not Path(p).is_absolute() else Path(p), where, p)) for p in paths]
     metadata.pop("image", None)
     metadata[KEY] = resolved
+    mask = row.get("mask")  # where the edit may change the image (white): the preservation reward reads it
+    if mask is not None:
+        if not isinstance(mask, str) or not mask:
+            raise ConditionImageError(f"{where}: 'mask' must be one image path, got {mask!r}")
+        metadata["mask"] = str(check_image((folder / mask) if not Path(mask).is_absolute() else Path(mask), where, mask))
 
 
 def check_image(path: Path, where: str, given: str) -> Path:

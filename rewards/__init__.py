@@ -34,6 +34,8 @@ REGISTRY: dict[str, str] = {
     "videoalign": "rewards.video:VideoAlign",
     "remote": "rewards.remote:RemoteReward",
     "vlm_judge": "rewards.vlm:VLMJudge",
+    "vlm_edit_judge": "rewards.vlm:VLMEditJudge",
+    "preservation": "rewards.preservation:Preservation",
 }
 
 

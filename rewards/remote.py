@@ -6,6 +6,8 @@ Protocol (JSON over HTTP, never pickle):
     POST /score   {"prompts": [B str], "metadata": [B objects] | null,
                    "images": [B base64 PNG]}                    (image rewards)
                 or {"videos": [B base64 MP4 | B lists of base64 PNG frames]}   (video rewards)
+                 "conditions": [B lists of base64 PNG]     (optional: each sample's condition images, an edit's
+                                                           source; a reward that judges edits needs them)
               -> {"scores": [B float | null (NaN)], "info": {...}}
 
 Errors are JSON {"error": message}: 400 malformed JSON or request, 401 bad or missing bearer token,
@@ -47,7 +49,7 @@ from rewards.base import Reward, RewardOutput
 from rewards.codec import DecodeError, TooLarge, decode_png, decode_video, encode_png, encode_video
 
 logger = logging.getLogger(__name__)
-ALLOWED_KEYS = {"prompts", "metadata", "images", "videos"}
+ALLOWED_KEYS = {"prompts", "metadata", "images", "videos", "conditions"}
 DRAIN_LIMIT = 16 * 1024 * 1024  # bytes of a rejected body read and dropped before answering
 
 
@@ -155,10 +157,12 @@ class RewardServer:
 
     def health(self) -> dict:
         return {"status": "ok", "reward": self.reward.name, "modality": self.reward.modality,
+                "sees_condition": bool(self.reward.sees_condition),
                 "max_batch": self.max_batch, "max_body_bytes": self.max_body_bytes}
 
-    def parse(self, body: bytes) -> tuple[torch.Tensor, list[str], list[dict] | None]:
-        """JSON body -> (uint8 batch, prompts, metadata); raises RequestError for anything malformed."""
+    def parse(self, body: bytes) -> tuple[torch.Tensor, list[str], list[dict] | None, torch.Tensor | None]:
+        """JSON body -> (uint8 batch, prompts, metadata, uint8 conditions [B, K, 3, H, W] or None); raises
+        RequestError for anything malformed."""
         try:
             request = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -201,10 +205,29 @@ class RewardServer:
         shapes = {tuple(t.shape) for t in tensors}
         if len(shapes) != 1:
             raise RequestError(400, f"all {key} in one request must have the same shape, got {sorted(shapes)}")
-        return torch.stack(tensors), prompts, metadata
+        return torch.stack(tensors), prompts, metadata, self._conditions(request.get("conditions"), len(prompts))
 
-    def score(self, batch: torch.Tensor, prompts: list[str], metadata) -> dict:
-        future = self._worker.submit(self.reward.score, batch, prompts, metadata)
+    def _conditions(self, rows, batch: int) -> torch.Tensor | None:
+        """The request's condition images (one list of base64 PNGs per sample, as many each), or None."""
+        if rows is None:
+            return None
+        if not isinstance(rows, list) or len(rows) != batch or not all(isinstance(r, list) and r for r in rows) \
+                or len({len(r) for r in rows}) != 1:
+            raise RequestError(400, f"'conditions' must be a list of {batch} non-empty lists of base64 PNG, as many each")
+        try:
+            images = [[decode_png(x, self.max_pixels, f"conditions[{i}][{k}]") for k, x in enumerate(r)]
+                      for i, r in enumerate(rows)]
+        except TooLarge as exc:
+            raise RequestError(413, str(exc)) from None
+        except DecodeError as exc:
+            raise RequestError(400, str(exc)) from None
+        if len({tuple(x.shape) for r in images for x in r}) != 1:
+            raise RequestError(400, "all condition images in one request must have the same shape")
+        return torch.stack([torch.stack(r) for r in images])
+
+    def score(self, batch: torch.Tensor, prompts: list[str], metadata, conditions=None) -> dict:
+        future = self._worker.submit(self.reward.score, batch, prompts, metadata,
+                                     conditions if self.reward.sees_condition else None)
         try:
             out = future.result(timeout=self.timeout_s)
         except concurrent.futures.TimeoutError:
@@ -295,8 +318,8 @@ class _Handler(BaseHTTPRequestHandler):
             if not state._slots.acquire(blocking=False):
                 raise RequestError(503, "server busy: too many requests in flight; retry later")
             try:
-                batch, prompts, metadata = state.parse(body)
-                payload = state.score(batch, prompts, metadata)
+                batch, prompts, metadata, conditions = state.parse(body)
+                payload = state.score(batch, prompts, metadata, conditions)
             finally:
                 state._slots.release()
             payload["info"]["server_seconds"] = round(time.perf_counter() - started, 4)
@@ -339,12 +362,13 @@ class RemoteReward(Reward):
         self.retries, self.backoff_s, self.video_format = int(retries), float(backoff_s), video_format
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via env proxies
         self.batch_size = batch_size
-        if modality is None or batch_size is None or name is None:
-            health = self.health()
+        health = self.health() if modality is None or batch_size is None or name is None else {}
+        if health:
             modality = modality or health["modality"]
             self.batch_size = batch_size or int(health["max_batch"])
             name = name or f"remote:{health['reward']}"
         self.name, self.modality = name, modality
+        self.sees_condition = bool(health.get("sees_condition", False))  # the hosted reward judges edits
 
     def _request(self, path: str, payload: dict | None) -> dict:
         data = None if payload is None else json.dumps(payload, allow_nan=False).encode()
@@ -378,7 +402,7 @@ class RemoteReward(Reward):
     def health(self) -> dict:
         return self._request("/health", None)
 
-    def score_uint8(self, images, prompts, metadata) -> RewardOutput:
+    def score_uint8(self, images, prompts, metadata, conditions=None) -> RewardOutput:
         scores, infos, sizes = [], [], []
         for start in range(0, len(prompts), self.batch_size):
             stop = start + self.batch_size
@@ -387,6 +411,8 @@ class RemoteReward(Reward):
                 json.dumps(payload["metadata"], allow_nan=False)
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"{self.name}: metadata must be JSON-serialisable (no NaN) to send it: {exc}") from None
+            if conditions is not None:
+                payload["conditions"] = [[encode_png(x) for x in row] for row in conditions[start:stop]]
             if images.ndim == 4:
                 payload["images"] = [encode_png(image) for image in images[start:stop]]
             else:

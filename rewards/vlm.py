@@ -15,6 +15,12 @@ Images travel as PNG data URLs (resized to `image_size` on the long side when se
 leaves NaN for that sample (pointwise) or drops that pair (pairwise) and is recorded in
 info["errors"]. Requests run on a thread pool of `max_workers`.
 
+Editing (``VLMEditJudge``, reward "vlm_edit_judge"): the judge also sees each result's source image, shown first
+("Image 1" the source, then the result or, pairwise, the two results), and the prompt is the instruction: it judges
+whether the instruction was carried out and the rest of the source left as it was (EDIT_POINTWISE_TEMPLATE,
+EDIT_PAIRWISE_TEMPLATE; any other template may be given). The server is a local one (vLLM or SGLang serving an edit
+judge such as EditScore or a general VLM) or a hosted API, as for VLMJudge.
+
 Run: VLMJudge("http://127.0.0.1:8000/v1", "UnifiedReward-7b", mode="pointwise")(images, prompts)
 """
 
@@ -49,6 +55,18 @@ PAIRWISE_TEMPLATE = (
     "You are shown two images, Image 1 and Image 2, generated from the same text prompt. Decide which one "
     "depicts the prompt more faithfully and has better visual quality. Explain briefly, then end with "
     "'Final Answer: Image 1', 'Final Answer: Image 2' or 'Final Answer: Tie'.\nPrompt: {prompt}"
+)
+EDIT_POINTWISE_TEMPLATE = (
+    "Image 1 is a source image and Image 2 is the result of editing it with the instruction below. Judge (1) how "
+    "completely the result carries out the instruction and (2) how well everything the instruction does not ask to "
+    "change is left as it was in the source, and the result's visual quality. Explain briefly, then end with "
+    "'Final Score: x' where x is a number from 1 (worst) to 5 (best).\nInstruction: {prompt}"
+)
+EDIT_PAIRWISE_TEMPLATE = (
+    "Image 1 is a source image; Image 2 and Image 3 are two results of editing it with the instruction below. Decide "
+    "which result carries out the instruction better while leaving the rest of the source as it was. Explain "
+    "briefly, then end with 'Final Answer: Image 1' for the first result (Image 2), 'Final Answer: Image 2' for the "
+    "second (Image 3) or 'Final Answer: Tie'.\nInstruction: {prompt}"
 )
 _SCORE = re.compile(r"Final\s+Score\s*[:：]\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _ANSWER = re.compile(r"Final\s+Answer\s*[:：]\s*\**\s*(Image\s*1|Image\s*2|Tie)", re.IGNORECASE)
@@ -197,8 +215,11 @@ class VLMJudge(Reward):
             return self._pointwise(urls, prompts)
         return self._pairwise(urls, prompts, metadata)
 
-    def _pointwise(self, urls, prompts) -> RewardOutput:
-        results = self._map([([u], self.pointwise_template.format(prompt=p)) for u, p in zip(urls, prompts)])
+    def _pointwise(self, urls, prompts, lead: list[list[str]] | None = None) -> RewardOutput:
+        """``lead``: per sample, the images shown before it (an edit's source)."""
+        lead = lead or [[] for _ in urls]
+        results = self._map([([*first, u], self.pointwise_template.format(prompt=p))
+                             for u, p, first in zip(urls, prompts, lead)])
         scores = [math.nan if answer is None else parse_score(answer, self.score_max, self.parse)
                   for answer, _ in results]
         return RewardOutput(scores=torch.tensor(scores, dtype=torch.float32),
@@ -216,17 +237,18 @@ class VLMJudge(Reward):
             raise ValueError(f"batch of {batch} is not a multiple of group_size={self.group_size}")
         return [list(range(s, s + self.group_size)) for s in range(0, batch, self.group_size)]
 
-    def _pairwise(self, urls, prompts, metadata) -> RewardOutput:
+    def _pairwise(self, urls, prompts, metadata, lead: list[list[str]] | None = None) -> RewardOutput:
         groups = self.groups(len(urls), metadata)
+        lead = lead or [[] for _ in urls]
         jobs, keys = [], []
         for g, members in enumerate(groups):
             for a, b in itertools.combinations(range(len(members)), 2):
                 i, j = members[a], members[b]
                 text = self.pairwise_template.format(prompt=prompts[i])
-                jobs.append(([urls[i], urls[j]], text))
+                jobs.append(([*lead[i], urls[i], urls[j]], text))
                 keys.append((g, a, b, False))
                 if self.both_orders:
-                    jobs.append(([urls[j], urls[i]], text))
+                    jobs.append(([*lead[i], urls[j], urls[i]], text))
                     keys.append((g, a, b, True))
         results = self._map(jobs)
         comparisons: list[list] = [[] for _ in groups]
@@ -246,3 +268,24 @@ class VLMJudge(Reward):
                 scores[i], judged[i] = rates[m], counts[m]
         return RewardOutput(scores=torch.tensor(scores, dtype=torch.float32),
                             info={"judged_pairs": judged, "comparisons": raw, "errors": errors})
+
+
+class VLMEditJudge(VLMJudge):
+    """The VLM judge of an edit: source, result and instruction (module docstring); a sample of a group is judged
+    against the others of its group (pairwise) with the group's source shown first."""
+
+    name = "vlm_edit_judge"
+    sees_condition = True
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, mode: str = "pointwise", *,
+                 pointwise_template: str = EDIT_POINTWISE_TEMPLATE, pairwise_template: str = EDIT_PAIRWISE_TEMPLATE,
+                 **options):
+        super().__init__(base_url, model, api_key, mode, pointwise_template=pointwise_template,
+                         pairwise_template=pairwise_template, **options)
+
+    def score_uint8(self, images, prompts, metadata, conditions) -> RewardOutput:
+        urls = [image_data_url(image, self.image_size) for image in images]
+        lead = [[image_data_url(source, self.image_size) for source in row] for row in conditions]
+        if self.mode == "pointwise":
+            return self._pointwise(urls, prompts, lead)
+        return self._pairwise(urls, prompts, metadata, lead)

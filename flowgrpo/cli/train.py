@@ -65,12 +65,44 @@ def preflight(cfg) -> None:
     if cfg.train.prompt_draw == "batch":  # each batch's distinct prompts must fit in the set
         draw_batch_prompts(0, 0, cfg.train.prompts_per_iteration // cfg.sampling.batches_per_iteration, len(metadata), 0)
     try:
-        read_prompts(cfg.eval.prompts, cfg.eval.limit)
+        _, eval_metadata = read_prompts(cfg.eval.prompts, cfg.eval.limit)
     except PromptFileError as exc:
         raise PromptFileError(f"eval.prompts: {exc}") from None
-    for i, spec in enumerate(cfg.rewards):
-        reward_class(spec.name, f"rewards[{i}].name")
-    reward_class(cfg.eval.reward, "eval.reward")
+    rewards = [(reward_class(spec.name, f"rewards[{i}].name"), f"rewards[{i}].name", "prompts", cfg.prompts, metadata)
+               for i, spec in enumerate(cfg.rewards)]
+    rewards.append((reward_class(cfg.eval.reward, "eval.reward"), "eval.reward", "eval.prompts", cfg.eval.prompts,
+                    eval_metadata))
+    check_conditions(cfg, [("prompts", cfg.prompts, metadata), ("eval.prompts", cfg.eval.prompts, eval_metadata)], rewards)
+
+
+def check_conditions(cfg, sets: list[tuple], rewards: list[tuple]) -> None:
+    """Condition images where they can go (flowgrpo/conditions.py): a set that carries them needs a family that takes
+    that many (an editing family), and a reward that judges a result against its source needs a set that carries them;
+    both sets carry the same number."""
+    from flowgrpo.conditions import count
+    from flowgrpo.models.families import FAMILIES
+
+    family = FAMILIES.get(cfg.model.family)
+    limit = family.max_references if family is not None else 0
+    counts = {}
+    for key, spec, rows in sets:
+        counts[key] = n = count(rows)
+        if n and not limit:
+            editing = ", ".join(sorted(name for name, f in FAMILIES.items() if f.max_references))
+            raise UserError(f"{key}={spec!r} carries {n} condition image(s) per prompt but model.family="
+                            f"{cfg.model.family} generates from text alone; train an editing family ({editing}: "
+                            "e.g. --config configs/edit.yaml or --model flux1_kontext_dev) or use a set without 'image'")
+        if n > limit:
+            raise UserError(f"{key}={spec!r} carries {n} condition images per prompt; model.family={cfg.model.family} "
+                            f"takes at most {limit}")
+    if len(set(counts.values())) > 1:
+        raise UserError(f"prompts carry {counts['prompts']} condition image(s) per prompt and eval.prompts "
+                        f"{counts['eval.prompts']}; evaluate on the same kind of prompts as the run trains on")
+    for cls, key, set_key, spec, rows in rewards:
+        if getattr(cls, "sees_condition", False) and not count(rows):
+            raise UserError(f"{key}: reward {cls.name!r} judges a result against its source image, and {set_key}="
+                            f"{spec!r} carries none; give it an editing set whose rows carry 'image' (docs/editing.md) "
+                            "or a reward that scores the result alone")
 
 
 def build_gallery(cfg) -> None:

@@ -40,9 +40,36 @@ def files(tmp_path):
     (step / "model").mkdir(parents=True)
     (step / "model" / "adapter_model.safetensors").write_bytes(b"")
     (step / "state.json").write_text(json.dumps({"config": "model:\n  family: sd3\n  pretrained: tiny-sd3\n"}))
+    _edit_files(tmp_path)
     (tmp_path / "pick_reports").mkdir()  # a flowgrpo eval --benchmark pickscore output folder
     (tmp_path / "pick_reports" / "reports.jsonl").write_text('{"benchmark": "pickscore", "label": "base"}\n')
     return tmp_path
+
+
+def _edit_files(folder: Path) -> None:
+    """Editing sets (a prompt and its source image a row) with each kind of bad condition image."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(folder / "ok.png")
+    Image.new("RGBA", (8, 8), (200, 30, 30, 0)).save(folder / "rgba.png")
+    Image.new("CMYK", (8, 8)).save(folder / "cmyk.jpg")
+    (folder / "garbage.png").write_bytes(b"not an image at all")
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", 5000, 4000, 8, 2, 0, 0, 0)  # the header of a 5000 x 4000 RGB PNG (20 MP), no pixels
+    (folder / "huge.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"") + chunk(b"IEND", b""))
+    rows = {"edit_ok": ['"image": "ok.png"'], "edit_missing": ['"image": "nope.png"'],
+            "edit_garbage": ['"image": "garbage.png"'], "edit_rgba": ['"image": "rgba.png"'],
+            "edit_cmyk": ['"image": "cmyk.jpg"'], "edit_huge": ['"image": "huge.png"'],
+            "edit_mixed": ['"image": "ok.png"', None], "edit_both": ['"image": "ok.png", "images": ["ok.png"]'],
+            "edit_two": ['"images": ["ok.png", "ok.png"]']}
+    for name, images in rows.items():
+        (folder / f"{name}.jsonl").write_text("".join(
+            '{"prompt": "make the red square blue"' + (f", {i}" if i else "") + "}\n" for i in images))
 
 
 def _one_line(text: str) -> str:
@@ -68,6 +95,28 @@ TRAINING = [
     (["train.balance_by=task", "train.prompt_draw=batch"], r"train.balance_by='task' balances the passes .* set train.balance_by='' or train.prompt_draw=pass"),
     (["train.prompt_draw=batch", "prompts={tmp}/mixed.jsonl"], r"train.prompt_draw=batch draws 8 distinct prompts a rollout batch from a set of 2: use a larger prompt set"),
     (["prompts=geneval-train"], r"prompt set 'geneval-train' could not be fetched from file:///nonexistent/yifan123/flow_grpo/.*flowgrpo prompts fetch geneval-train"),
+    # condition images (an edit's source, flowgrpo/conditions.py): checked when the set is read, then where they go
+    (["prompts={tmp}/edit_missing.jsonl"], r"edit_missing.jsonl:1: image 'nope.png' does not exist \(.*nope.png\); image "
+                                           r"paths are relative to the prompt file's folder$"),
+    (["prompts={tmp}/edit_garbage.jsonl"], r"edit_garbage.jsonl:1: image 'garbage.png' cannot be read as an image \(.*\); "
+                                           r"give a PNG, JPEG or WebP file$"),
+    (["prompts={tmp}/edit_rgba.jsonl"], r"edit_rgba.jsonl:1: image 'rgba.png' has mode RGBA; a condition image is RGB, "
+                                        r"grey or a palette image: flatten it onto a background"),
+    (["prompts={tmp}/edit_cmyk.jsonl"], r"edit_cmyk.jsonl:1: image 'cmyk.jpg' has mode CMYK; .*: save it as 8-bit RGB$"),
+    (["prompts={tmp}/edit_huge.jsonl"], r"edit_huge.jsonl:1: image 'huge.png' is 5000x4000 \(20 MP\), more than the 16.8 "
+                                        r"MP a condition image may be: downscale it"),
+    (["prompts={tmp}/edit_mixed.jsonl"], r"prompts '.*edit_mixed.jsonl' mixes rows with different numbers of condition "
+                                         r"images: 0 \(first on row 2\), 1 \(first on row 1\); give every row the same"),
+    (["prompts={tmp}/edit_both.jsonl"], r"edit_both.jsonl:1 has both 'image' and 'images'; give one path as 'image'"),
+    (["prompts={tmp}/edit_ok.jsonl"], r"prompts='.*edit_ok.jsonl' carries 1 condition image\(s\) per prompt but "
+                                      r"model.family=sd3 generates from text alone; train an editing family \(flux_kontext"),
+    (["--config", "configs/edit.yaml", "prompts={tmp}/edit_two.jsonl"], r"prompts='.*edit_two.jsonl' carries 2 condition "
+                                                                        r"images per prompt; model.family=flux_kontext "
+                                                                        r"takes at most 1$"),
+    (["--config", "configs/edit.yaml", "eval.prompts=toy-eval", "eval.reward=toy"],
+     r"prompts carry 1 condition image\(s\) per prompt and eval.prompts 0; evaluate on the same kind of prompts"),
+    (["rewards=[{{name: toy_edit}}]"], r"rewards\[0\].name: reward 'toy_edit' judges a result against its source image, "
+                                      r"and prompts='toy-train' carries none; give it an editing set"),
     (["reward_options={{pickscore: 26}}"], r"reward_options.pickscore=26 is not a mapping of the reward's options; write e.g."),
     (["rewards=[{{name: toy_dence}}]"], r"unknown reward 'toy_dence' in rewards\[0\].name; did you mean 'toy_dense'\?"),
     (["eval.reward=pickscor"], r"unknown reward 'pickscor' in eval.reward; did you mean 'pickscore'\?"),
@@ -84,7 +133,7 @@ TRAINING = [
     (["rewards=[{{name: toy_video}}]"], r"reward 'toy_video' scores videos but the model makes images"),
     (["sampling.plan.group_size=1"], r"group_size=1: GRPO needs at least 2 samples per prompt.*set sampling.plan.group_size=2"),
     (["train.prompts_per_iteration=3", "sampling.batches_per_iteration=2"], r"prompts_per_iteration=3 is not divisible by"),
-    (["model.family=sd4"], r"model config 'family' is 'sd4'; allowed: analytic, flux, flux2, flux2_klein, qwen_image, sd3, wan, z_image"),
+    (["model.family=sd4"], r"model config 'family' is 'sd4'; allowed: analytic, flux, flux2, flux2_klein, flux_kontext, qwen_image"),
     (["model.dtype=float8"], r"model config 'dtype' is 'float8'; allowed: float32"),
     (["model.resolution=65"], r"image size 65x65 does not fit SD3Model: .*change model.resolution"),
     (["run_name=../../etc/evil"], r"run_name='../../etc/evil' is not allowed; use a plain folder name .*put a path in output_dir="),
