@@ -380,3 +380,13 @@ def build_tiny_kontext_pipeline(tokenizer, sizes: TinyKontextSizes = TinyKontext
     return FluxKontextPipeline(
         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=sizes.shift),
         vae=vae, text_encoder=clip, tokenizer=tokenizer, text_encoder_2=t5, tokenizer_2=tokenizer)
+
+
+def save_tiny_kontext(folder, corpus: list[str]) -> str:
+    """A random-weight tiny ``FluxKontextPipeline`` (the shipped edit model's architecture; its tokenizer learned from
+    ``corpus`` and the editing world's instructions) saved in ``folder``: the tests' editing family."""
+    from worlds.toy import edits
+
+    words = list(corpus) + [edits.instruction(f) for task in edits.EDIT_TASKS for f in edits.all_instructions(task)]
+    build_tiny_kontext_pipeline(build_clip_tokenizer(words, max_length=16)).save_pretrained(folder)
+    return str(folder)

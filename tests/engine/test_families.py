@@ -49,6 +49,11 @@ FAMILIES = {
                                                                         "model.guidance_scale": 0.0}),  # CFG-free
     "flux2_klein": Family("flowgrpo.tiny.flux2:save_tiny_flux2_klein", {"model.family": "flux2_klein",
                                                                         "model.guidance_scale": 4.0}),  # base: CFG
+    # an editing family: each prompt an instruction with its source image (the toy editing world's rows), the
+    # held-out evaluation scored by a reward that sees the source
+    "flux_kontext": Family("flowgrpo.tiny.builders:save_tiny_kontext", {
+        "model.family": "flux_kontext", "model.guidance_scale": 2.0, "prompts": "toy-edit-train",
+        "eval.prompts": "toy-edit-eval", "eval.reward": "toy_edit"}),
     # Wan2.2 A14B's layout: the 4-step plan's σ 1, 0.9 go to the high-noise expert, 0.75, 0.5 to the low-noise one
     "wan2_2": Family("train_fixtures:save_tiny_wan22", {"model.family": "wan", "model.guidance_scale": 4.0,
                                                          "model.guidance_scale_2": 3.0}, video=True, corpus=False),
