@@ -32,8 +32,8 @@ from flowgrpo.run.errors import UserError
 
 KEY = "images"  # the metadata key that holds a row's condition images (absolute paths)
 MAX_PIXELS = 4096 * 4096  # larger images are refused at load: every family resizes them to its resolution anyway
-# modes whose pixels convert to RGB without a choice: 8-bit RGB, grey, and palette images without transparency
-ACCEPTED_MODES = ("RGB", "L", "P")
+# modes whose pixels convert to RGB without a choice: 8-bit RGB, grey, palette images without transparency, bilevel
+ACCEPTED_MODES = ("RGB", "L", "P", "1")
 
 
 class ConditionImageError(UserError, ValueError):
@@ -80,7 +80,11 @@ def check_image(path: Path, where: str, given: str) -> Path:
                     f"{MAX_PIXELS / 1e6:.1f} MP a condition image may be: downscale it (the model resizes it to its "
                     "resolution anyway)")
             transparent = mode == "P" and "transparency" in image.info
-            image.verify()  # the file's structure and checksums, without decoding every pixel
+            if image.format == "JPEG":  # a JPEG's structure says little: decode it, at 1/8 scale (the DCT's own)
+                image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                image.load()
+            else:
+                image.verify()  # the file's chunks and checksums (a truncated PNG), without decoding every pixel
     except ConditionImageError:
         raise
     except Image.DecompressionBombError:

@@ -374,7 +374,11 @@ def test_errors_doc_lists_every_class_with_its_message():
                      "the launch started", "the policy's samples are NaN or inf", "merges a LoRA adapter",
                      "compiles the blocks of a diffusers transformer", "splits a diffusers transformer's token",
                      "must divide the launch's", "ring attention merges partial attentions",
-                     "replays stored SDE transitions", "keeps whole samples with their own transitions"):
+                     "replays stored SDE transitions", "keeps whole samples with their own transitions",
+                     "cannot be read as an image", "a condition image is RGB, grey or a palette image",
+                     "a condition image may be", "mixes rows with different numbers of condition images",
+                     "has both 'image' and 'images'", "generates from text alone", "takes at most 1",
+                     "evaluate on the same kind of prompts", "judges a result against its source image"):
         assert fragment in doc, fragment
     assert "docs/errors.md" in (ROOT / "README.md").read_text()
 
