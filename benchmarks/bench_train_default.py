@@ -2,18 +2,19 @@
 
     python benchmarks/bench_train_default.py [--minutes 15] [--seeds 0,1,2] [--jobs 1] [key=value ...]   # images
     python benchmarks/bench_train_default.py --video [--minutes 20] [--seeds 0,1] [key=value ...]        # video
+    python benchmarks/bench_train_default.py --edit [--minutes 15] [--seeds 0,1] [key=value ...]         # editing
 
 For each seed, trains the embedded default (configs/default.yaml, or configs/default_t2v.yaml with
---video) with a held-out evaluation every ``--eval-every`` iterations (evaluation time is not
+--video, or the editing world's configs/edit.yaml with --edit) with a held-out evaluation every ``--eval-every`` iterations (evaluation time is not
 counted) for its train.iterations or ``--minutes`` of training time, whichever ends first, and
 prints the held-out mean at start and end with standard errors, the paired change (same prompts and
-seeds at every evaluation), whether it reached the target rise (+0.15 images, +0.10 video), and the
+seeds at every evaluation), whether it reached the target rise (+0.15 images, +0.10 video and editing), and the
 level the run held: the change of the per-sample mean over its second half's evaluations
 (``flowgrpo.evaluate.second_half_level``; one evaluation scatters by about its standard error).
-Writes into runs/bench-default[-t2v]/: curve.json (every evaluation and every iteration's training
+Writes into runs/bench-default[-t2v|-edit]/: curve.json (every evaluation and every iteration's training
 reward, per seed), curve.png (held-out score per seed, blue; training reward, grey) and
 before_after.png (images: the first held-out prompts from the first evaluation, top, and the last,
-bottom) or before_after.gif (video).
+bottom; editing: their sources above them) or before_after.gif (video).
 ``--jobs 2`` trains two seeds at once, one torch thread each (this 2-core machine's two cores).
 ``--control`` is the negative control: the same runs with every reward weight negated (the learner
 then minimises the training reward; runs/bench-default[-t2v]<TAG>-control-s<seed>). A rise that is
@@ -30,11 +31,13 @@ from pathlib import Path
 
 from parallel import map_jobs
 
-TARGET = {"image": 0.15, "video": 0.10}
+TARGET = {"image": 0.15, "video": 0.10, "edit": 0.10}
+SUFFIX = {"image": "", "video": "-t2v", "edit": "-edit"}
 
 
 def run_seed(job: tuple) -> dict:
-    seed, video, minutes, eval_every, overrides, threads, preset, tag, control = job
+    seed, kind, minutes, eval_every, overrides, threads, preset, tag, control = job
+    video = kind == "video"
     import torch
 
     if threads:
@@ -43,9 +46,12 @@ def run_seed(job: tuple) -> dict:
     from flowgrpo.evaluate import before_after, second_half_level
     from flowgrpo.engine.trainer import Trainer
 
-    name = f"bench-default{'-t2v' if video else ''}{tag}-s{seed}"
+    name = f"bench-default{SUFFIX[kind]}{tag}-s{seed}"
+    from flowgrpo.run.paths import configs_dir
+
     cfg = load_config(preset, None, [f"run_name={name}", "resume=false", f"eval.every={eval_every}", f"train.seed={seed}",
-                                   "log.progress=false", *overrides], default="default_t2v" if video else "default")
+                                   "log.progress=false", *overrides], default="default_t2v" if video else "default",
+                      base=str(configs_dir() / "edit.yaml") if kind == "edit" else None)
     if control:  # every advantage's sign flipped (flowgrpo.engine.credit.combine_rewards: weight -1 minimises)
         for spec in cfg.rewards:
             spec.weight = -spec.weight
@@ -126,14 +132,17 @@ def image_grid(run_dir: Path, path: Path, count: int = 8, shown: int = 128) -> N
     rows = []
     for folder in (evals[0], evals[-1]):
         lines = [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines()[:count]]
+        if not rows and all(m.get("sources") for m in lines):  # an edit: its sources on top
+            rows.append([Image.open(folder / m["sources"][0]).convert("RGB") for m in lines])
         rows.append([Image.open(folder / m["file"]).convert("RGB") for m in lines])
     size = rows[0][0].size[0] * max(1, shown // rows[0][0].size[0])
-    grid = Image.new("RGB", (size * count + 4 * (count - 1), size * 2 + 4), "white")
+    grid = Image.new("RGB", (size * count + 4 * (count - 1), size * len(rows) + 4 * (len(rows) - 1)), "white")
     for r, row in enumerate(rows):
         for c, image in enumerate(row):
             grid.paste(image.resize((size, size), Image.NEAREST), (c * (size + 4), r * (size + 4)))
     grid.save(path)
-    print(f"before/after images: {path} ({evals[0].name} top, {evals[-1].name} bottom)")
+    print(f"before/after images: {path} ({'sources, ' if len(rows) > 2 else ''}{evals[0].name}, {evals[-1].name}, "
+          "top to bottom)")
 
 
 def before_after_gif(run_dir: Path, path: Path, fps: int, count: int = 6) -> None:
@@ -156,6 +165,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=None, help="training-time budget per seed (default 15, video 20)")
     parser.add_argument("--video", action="store_true", help="the text-to-video default (configs/default_t2v.yaml)")
+    parser.add_argument("--edit", action="store_true", help="the editing world's default (configs/edit.yaml)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2; video 0,1)")
     parser.add_argument("--eval-every", type=int, default=5, help="iterations between held-out evaluations")
     parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (then one torch thread each)")
@@ -167,13 +177,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.control:
         args.tag += "-control"
-    kind = "video" if args.video else "image"
+    kind = "video" if args.video else "edit" if args.edit else "image"
     minutes = args.minutes or (20.0 if args.video else 15.0)
-    seeds = [int(s) for s in (args.seeds or ("0,1" if args.video else "0,1,2")).split(",")]
-    jobs = [(s, args.video, minutes, args.eval_every, args.overrides, 1 if args.jobs > 1 else 0,
+    seeds = [int(s) for s in (args.seeds or ("0,1" if args.video or args.edit else "0,1,2")).split(",")]
+    jobs = [(s, kind, minutes, args.eval_every, args.overrides, 1 if args.jobs > 1 else 0,
              args.preset, args.tag, args.control) for s in seeds]
     results = map_jobs(run_seed, jobs, args.jobs)
-    out = Path(results[0]["run_dir"]).parent / f"bench-default{'-t2v' if args.video else ''}{args.tag}"
+    out = Path(results[0]["run_dir"]).parent / f"bench-default{SUFFIX[kind]}{args.tag}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.json").write_text(json.dumps([{k: v for k, v in r.items()} for r in results], indent=1))
     target = TARGET[kind]

@@ -55,6 +55,8 @@ def cmd_plan(args) -> int:
             raise UserError(f"{option} must be >= 1, got {value}")
     if args.chunk is not None and args.chunk < 0:
         raise UserError(f"--chunk must be >= 0 (0: the plan's choice), got {args.chunk}")
+    if args.references is not None and args.references < 0:
+        raise UserError(f"--references must be >= 0 (condition images per prompt), got {args.references}")
     size = {k: v for k, v in (("resolution", args.height), ("width", args.width), ("num_frames", args.frames))
             if v is not None}
     model_config = validate_model_config({**OmegaConf.to_container(OmegaConf.load(path), resolve=True), **size})
@@ -85,7 +87,7 @@ def cmd_plan(args) -> int:
                     copies=copies, master_dtype="float32" if args.master_weights == "float32" else None,
                     train_cfg=args.train_cfg, name=path.stem, context_parallel=args.context_parallel, chunk=chunk,
                     latents=args.latents, offload_text_encoders=args.offload_text_encoders,
-                    activation_offload=args.activation_offload)
+                    activation_offload=args.activation_offload, references=args.references)
 
     result = planned(args.chunk or None)
     if args.chunk == 0:  # the plan's choice: the largest chunk whose rollout call fits beside the rest
@@ -342,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--height", type=int, help="image or frame height in pixels (default: the model config's resolution)")
     pl.add_argument("--width", type=int, help="image or frame width in pixels (default: the model config's width)")
     pl.add_argument("--frames", type=int, help="video frames (default: the model config's num_frames)")
+    pl.add_argument("--references", type=int, metavar="K", help="condition images per prompt, whose tokens every call "
+                    "appends (an edit's source; default: 1 for an editing family, else 0)")
     pl.add_argument("--context-parallel", type=int, default=1, metavar="C", help="split each sample's tokens over C of "
                     "the processes (train.context_parallel: diffusers' Ulysses/ring; Wan, FLUX.1, FLUX.2, Qwen-Image)")
     pl.add_argument("--chunk", type=int, metavar="R", help="the rollout's no-grad call R samples at a time "

@@ -78,6 +78,8 @@ class Geometry:
     text_tokens_extra: int = 0  # text tokens besides max_sequence_length (SD3: CLIP's 77)
     text_width: int = 4096  # width of the text encoder's output the transformer reads
     in_width: int = 64  # width of a token's latent input (the patch embedding's input)
+    # condition images whose tokens each call appends after the latent's (an edit's source: 1), each the latent's size
+    references: int = 0
 
 
 @dataclass(frozen=True)
@@ -310,7 +312,7 @@ def token_counts(geometry: Geometry, model_config) -> tuple[int, int]:
     s = geometry.vae_spatial
     pt, ph, pw = geometry.patch
     image = (_frames(geometry, model_config) // pt) * (height // s // ph) * (width // s // pw)
-    return image, model_config.max_sequence_length + geometry.text_tokens_extra
+    return image * (1 + geometry.references), model_config.max_sequence_length + geometry.text_tokens_extra
 
 
 # the families whose adapter packs the latent's 2x2 patches into tokens before the transformer call
@@ -323,7 +325,8 @@ def call_grid(geometry: Geometry, model_config, context_parallel: int = 1) -> tu
     height = model_config.resolution
     width = model_config.width or model_config.resolution
     s = geometry.vae_spatial
-    grid = [_frames(geometry, model_config), height // s, width // s]
+    # an editing call's references follow the latent's tokens: as many more token grids, counted as frames
+    grid = [_frames(geometry, model_config) * (1 + geometry.references), height // s, width // s]
     patch = list(geometry.patch)
     if geometry.family in PACKED:
         grid = [grid[0] // patch[0], grid[1] // patch[1], grid[2] // patch[2]]

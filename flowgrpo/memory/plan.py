@@ -196,7 +196,7 @@ def plan(arch: Architecture, model_config, processes: int = 1, fsdp: bool = Fals
          targets: Optional[Sequence[str]] = None, name: str = "", optimizer: str = "adamw",
          context_parallel: int = 1, chunk: Optional[int] = None, latents: str = "float32",
          offload_text_encoders: bool = False, activation_offload: bool = False,
-         activations: str = "auto") -> MemoryPlan:
+         activations: str = "auto", references: Optional[int] = None) -> MemoryPlan:
     """The memory plan of training ``model_config`` (a ModelConfig or dict) with ``arch`` on ``processes`` GPUs.
 
     ``finetune``/``checkpointing``/``steps`` default to the model config's; ``copies`` names the extra copies
@@ -211,10 +211,15 @@ def plan(arch: Architecture, model_config, processes: int = 1, fsdp: bool = Fals
     stored rollout latents; host: none on the GPU); ``offload_text_encoders`` (off the GPU once the prompts are
     encoded); ``activation_offload`` (the training forward's saved tensors in host memory: the GPU keeps one block's).
     ``activations``: "auto" (autograd's count where it can run, else the hand inventory), "autograd" or
-    "inventory"."""
+    "inventory". ``references``: the condition images each prompt carries (an edit's source), whose tokens every call
+    appends to the latent's (None: the family's ``plan_references``, 1 for an editing family)."""
     from flowgrpo.models.config import validate_model_config
+    from flowgrpo.models.families import FAMILIES
 
     cfg = validate_model_config(model_config)
+    if references is None:
+        references = FAMILIES[cfg.family].plan_references if cfg.family in FAMILIES else 0
+    arch = replace(arch, geometry=replace(arch.geometry, references=int(references)))
     if finetune is not None:
         cfg = replace(cfg, finetune=finetune)
     if processes < 1 or group < 1 or micro_batch < 1 or context_parallel < 1 or (chunk is not None and chunk < 1):

@@ -181,8 +181,8 @@ def _meta_inputs(model, grid: tuple[int, int, int], n_txt: int, dtype) -> dict:
         return dict(hidden_states=meta(1, c.in_channels, h, w),
                     encoder_hidden_states=meta(1, n_txt, c.joint_attention_dim),
                     pooled_projections=meta(1, c.pooled_projection_dim), timestep=meta(1, dt=torch.float32))
-    if name == "FluxTransformer2DModel":  # latents packed 2x2 by the adapter: grid is already the token grid
-        n = h * w
+    if name == "FluxTransformer2DModel":  # latents packed 2x2 by the adapter: grid is already the token grid (frames:
+        n = frames * h * w  # the latent's, then an editing call's references, flux_kontext)
         return dict(hidden_states=meta(1, n, c.in_channels),
                     encoder_hidden_states=meta(1, n_txt, c.joint_attention_dim),
                     pooled_projections=meta(1, c.pooled_projection_dim), timestep=meta(1), img_ids=meta(n, 3),
@@ -190,12 +190,13 @@ def _meta_inputs(model, grid: tuple[int, int, int], n_txt: int, dtype) -> dict:
     if name == "WanTransformer3DModel":
         return dict(hidden_states=meta(1, c.in_channels, frames, h, w), timestep=meta(1, dt=torch.float32),
                     encoder_hidden_states=meta(1, n_txt, c.text_dim))
-    if name == "QwenImageTransformer2DModel":  # packed 2x2 by the adapter; img_shapes in tokens
-        return dict(hidden_states=meta(1, h * w, c.in_channels), timestep=meta(1), guidance=None,
+    if name == "QwenImageTransformer2DModel":  # packed 2x2 by the adapter; img_shapes in tokens (frames: the latent's,
+        # then an editing call's references, each one more image of the same size)
+        return dict(hidden_states=meta(1, frames * h * w, c.in_channels), timestep=meta(1), guidance=None,
                     encoder_hidden_states=meta(1, n_txt, c.joint_attention_dim), encoder_hidden_states_mask=None,
-                    img_shapes=[[(1, h, w)]])
-    if name == "Flux2Transformer2DModel":  # patchified by the adapter: h x w tokens
-        n = h * w
+                    img_shapes=[[(1, h, w)] * frames])
+    if name == "Flux2Transformer2DModel":  # patchified by the adapter: h x w tokens (x frames: its references)
+        n = frames * h * w
         return dict(hidden_states=meta(1, n, c.in_channels),
                     encoder_hidden_states=meta(1, n_txt, c.joint_attention_dim), timestep=meta(1),
                     guidance=meta(1, dt=torch.float32) if c.guidance_embeds else None,

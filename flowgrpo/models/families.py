@@ -47,6 +47,9 @@ class Family:
     geometry: Optional[str] = None  # the family whose latent and token geometry it shares (None: its own)
     # condition images a prompt may carry (an editing family's source and references; flowgrpo/conditions.py); 0: none
     max_references: int = 0
+    # the condition images a prompt carries when the memory plan is not told (``flowgrpo plan --references``; a run
+    # counts its own prompt set's): 1 for a family that always edits a source, 0 where references are optional
+    plan_references: int = 0
 
     def adapter_class(self) -> type:
         """The FlowModel subclass (imported now)."""
@@ -82,18 +85,25 @@ register_family(Family("flux", "flowgrpo.models.flux:FluxModel", memory_inventor
 # FLUX.1-Kontext: FLUX.1 with the edit's source image as a second token sequence (flowgrpo/models/flux.py)
 register_family(Family("flux_kontext", "flowgrpo.models.flux:FluxKontextModel", memory_inventory="flux",
                        transformer_class="FluxTransformer2DModel", components=("transformer", "text_encoder", "text_encoder_2", "vae"),
-                       geometry="flux", max_references=1))
+                       geometry="flux", max_references=1, plan_references=1))
 register_family(Family("wan", "flowgrpo.models.wan:WanModel", modality="video", temporal_factor=4, memory_inventory="wan",
                        components=("transformer", "text_encoder", "vae"), lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
                        transformer_class="WanTransformer3DModel"))
 register_family(Family("qwen_image", "flowgrpo.models.qwen_image:QwenImageModel",
                        components=("transformer", "text_encoder", "vae"), transformer_class="QwenImageTransformer2DModel"))
-# FLUX.2's adapter adds its single-stream blocks' projections to these (flowgrpo/models/flux2.py)
+# Qwen-Image-Edit-2509 / 2511 (QwenImageEditPlusPipeline): Qwen-Image whose VLM reads the condition images and whose
+# transformer takes their tokens after the latent's (flowgrpo/models/qwen_image_edit.py); the pipeline takes a list of
+# any length, the model cards' multi-image editing is 1 to 3 images
+register_family(Family("qwen_image_edit", "flowgrpo.models.qwen_image_edit:QwenImageEditModel",
+                       components=("transformer", "text_encoder", "vae"), transformer_class="QwenImageTransformer2DModel",
+                       geometry="qwen_image", max_references=3, plan_references=1))
+# FLUX.2's adapter adds its single-stream blocks' projections to these (flowgrpo/models/flux2.py). Both pipelines take
+# reference images (image=, any number); BFL's documented limits: [dev] 6 at most recommended, [klein] up to 4
 register_family(Family("flux2", "flowgrpo.models.flux2:Flux2Model", components=("transformer", "text_encoder", "vae"),
-                       transformer_class="Flux2Transformer2DModel"))
+                       transformer_class="Flux2Transformer2DModel", max_references=6))
 register_family(Family("flux2_klein", "flowgrpo.models.flux2:Flux2KleinModel",
                        components=("transformer", "text_encoder", "vae"), transformer_class="Flux2Transformer2DModel",
-                       geometry="flux2"))
+                       geometry="flux2", max_references=4))
 # diffusers' examples/dreambooth/train_dreambooth_lora_z_image.py default (--lora_layers unset): every attention
 # projection of ZImageTransformerBlock (the main layers and both refiners)
 register_family(Family("z_image", "flowgrpo.models.z_image:ZImageModel", components=("transformer", "text_encoder", "vae"),

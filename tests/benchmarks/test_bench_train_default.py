@@ -16,7 +16,7 @@ import bench_train_default as bench  # noqa: E402
 def test_one_seed_runs_and_the_control_negates_the_reward(control, tiny_sd3_dir, tmp_path):
     extra = overrides(tiny_sd3_dir, tmp_path, **{"rewards": "[{name: toy_dense, weight: 1.0}]", "train.iterations": 2, "eval.every": 1,
                                                   "log.samples_every": 0, "log.save_every": 0, "log.gallery": False})
-    result = bench.run_seed((0, False, 5.0, 1, extra, 1, None, "-test" + ("-control" if control else ""), control))
+    result = bench.run_seed((0, "image", 5.0, 1, extra, 1, None, "-test" + ("-control" if control else ""), control))
     assert [e["iteration"] for e in result["evaluations"]] == [0, 1, 2]  # an evaluation every iteration
     assert len(result["rewards"]) == 2 and all(0 <= r["reward"] <= 1 for r in result["rewards"])
     assert result["reward_weights"] == [-1.0 if control else 1.0]  # the weights the trainer combined rewards with

@@ -302,3 +302,18 @@ def test_the_command_plans_a_video_at_its_real_size(capsys):
     out = capsys.readouterr().out
     assert "chunks of 8 of 8 samples" in out and "host memory: rollout latents" in out
     assert "largest group not bounded by the GPU's memory" in out and "saved tensors on the host" in out
+
+
+def test_an_editing_plan_counts_the_sources_tokens():
+    """FLUX.1-Kontext's calls append the source's tokens to the latent's: its plan counts twice the image tokens (the
+    text the same), activations that grow with the joint sequence as FLUX.1's do, the rollout latents unchanged; with
+    ``references=0`` it is FLUX.1-dev's plan."""
+    flux = _config("flux_dev")
+    kontext = _config("flux_dev", family="flux_kontext")
+    arch = _arch("flux_dev", flux)
+    p, e = plan(arch, flux, 8, True), plan(arch, kontext, 8, True)
+    assert e.tokens == (2 * p.tokens[0], p.tokens[1]) and e.latent_numel == p.latent_numel
+    tokens = (e.tokens[0] + e.tokens[1]) / (p.tokens[0] + p.tokens[1])
+    for label, value in p.activations_per_sample.items():
+        assert 1 < e.activations_per_sample[label] / value < tokens * 1.05, label
+    assert plan(arch, kontext, 8, True, references=0).activations_per_sample == p.activations_per_sample
