@@ -37,6 +37,19 @@ What the two pipelines do, and how the adapter mirrors it:
 - **Decoding** as the pipelines: de-normalise with the BatchNorm statistics, ``_unpatchify_latents``,
   ``vae.decode``, ``image_processor.postprocess``; ``encode_images`` is the pipeline's ``_encode_vae_image``
   (VAE mean, patchified, normalised).
+- **Reference images** (a prompt's condition images, flowgrpo/conditions.py; both pipelines' ``image=``): each image
+  at its own size, checked by ``image_processor.check_image_input`` (sides of at least 64 px, aspect ratio at most
+  8), scaled down to 1024 x 1024 px of area when larger (``_resize_to_target_area``), its sides floored to
+  multiples of 16 and center-cropped to them (``preprocess(..., resize_mode="crop")``), then ``_encode_vae_image``
+  (the VAE's mode, patchified, BatchNorm-normalised): the flow's own space, kept as [P, 4C, h_k, w_k]
+  (``Conditioning.references``). The output size stays ``model.resolution`` (the pipelines' explicit height and
+  width). Every transformer call puts the references' tokens (``_pack_latents``, in the images' order) after the
+  latent's with the ids of ``_prepare_image_ids`` (T = 10, 20, ... for references 1, 2, ..., H and W their own
+  grid, L = 0; the latent's T is 0), and keeps the output's first h*w tokens (the latent's). The text encoder does not
+  see the images (the pipelines' ``encode_prompt`` reads text only), the unconditional pass of klein's CFG sees the
+  same references, and the time shift counts the latent's tokens only (``latents.shape[1]``). The k-th references
+  of the prompts encoded together must come to one size (one transformer call); different ones are refused.
+  Text-only prompts run exactly as without references.
 """
 
 from __future__ import annotations
@@ -51,6 +64,9 @@ from diffusers import Flux2KleinPipeline, Flux2Pipeline
 
 from flowgrpo.models.base import FlowModel
 from flowgrpo.models.families import DEFAULT_LORA_TARGETS
+
+# both pipelines' __call__: a reference image larger than this many pixels is scaled down to it (their literal 1024 * 1024)
+REFERENCE_MAX_AREA = 1024 * 1024
 
 
 class _Flux2Base(FlowModel):
@@ -92,22 +108,58 @@ class _Flux2Base(FlowModel):
 
     def _transformer_velocity(self, transformer, x, sigma, cond, guidance_scale):
         """The pipelines' call: the [N, C, h, w] latents packed into h*w tokens with their 4-D ids, the timestep
-        ``t.to(latent dtype) / 1000``, text ids, and (dev) the guidance; the output tokens scattered back by id."""
+        ``t.to(latent dtype) / 1000``, text ids, and (dev) the guidance; the output tokens scattered back by id. With
+        reference images, their tokens and ids follow the latent's and the output's first h*w tokens are kept."""
         n = x.shape[0]
         pipe = self.pipeline
         packed = pipe._pack_latents(x)  # [N, h*w, C], the pipeline's prepare_latents
         img_ids = pipe._prepare_latent_ids(x).to(self.device)  # [N, h*w, 4]: (T=0, H, W, L=0)
+        hidden, ids = packed, img_ids
+        if cond.references is not None:  # the pipelines' torch.cat([latents, image_latents], dim=1) and their ids
+            refs = [r.to(self.device, self.dtype) for r in cond.references]
+            ref_ids = pipe._prepare_image_ids([r[:1] for r in refs]).to(self.device)  # [1, sum h_k*w_k, 4]: T = 10(k+1)
+            hidden = torch.cat([packed, *(pipe._pack_latents(r) for r in refs)], dim=1)
+            ids = torch.cat([img_ids, ref_ids.expand(n, -1, -1)], dim=1)
         t = self._model_time(sigma)  # the scheduler's timestep
         out = transformer(
-            hidden_states=packed,
+            hidden_states=hidden,
             timestep=t.to(self.dtype) / 1000,  # the pipelines: timestep = t.expand(B).to(latents.dtype); timestep / 1000
             guidance=self._guidance(n, guidance_scale),
             encoder_hidden_states=cond.prompt_embeds.to(self.dtype),
             txt_ids=cond.text_ids.expand(n, -1, -1),
-            img_ids=img_ids,
+            img_ids=ids,
             return_dict=False,
-        )[0]
+        )[0][:, : packed.shape[1]]  # noise_pred[:, : latents.size(1)]
         return pipe._unpack_latents_with_ids(out, img_ids)  # [N, C, h, w]
+
+    def _encode_references(self, images: list[list]) -> tuple[torch.Tensor, ...]:
+        """Each reference slot k as the flow's latents [P, 4C, h_k, w_k]: the pipelines' checks, size rule and crop,
+        and ``_encode_vae_image`` (module docstring)."""
+        pipe = self.pipeline
+        processor, multiple = pipe.image_processor, pipe.vae_scale_factor * 2
+        slots = []
+        for k in range(len(images[0])):
+            pixels, sizes = [], []
+            for row in images:
+                image = processor.check_image_input(row[k])
+                width, height = image.size
+                if width * height > REFERENCE_MAX_AREA:
+                    image = processor._resize_to_target_area(image, REFERENCE_MAX_AREA)
+                    width, height = image.size
+                width, height = width // multiple * multiple, height // multiple * multiple
+                pixels.append(processor.preprocess(image, height=height, width=width, resize_mode="crop"))
+                sizes.append((width, height))
+            if len(set(sizes)) > 1:
+                from flowgrpo.models.config import ModelConfigError
+
+                raise ModelConfigError(
+                    f"reference image {k + 1} of these prompts comes to {len(set(sizes))} different sizes "
+                    f"({', '.join(f'{w}x{h}' for w, h in sorted(set(sizes)))}): {type(pipe).__name__} encodes each "
+                    "reference at its own size and one transformer call takes one size per reference slot; give the "
+                    "k-th images of a prompt set one size")
+            batch = torch.cat(pixels).to(self.device, self.vae.dtype)
+            slots.append(pipe._encode_vae_image(batch, generator=None).float())
+        return tuple(slots)
 
     # ------------------------------------------------------------------ shapes and the time shift
     def latent_shape(self, height: Optional[int] = None, width: Optional[int] = None) -> tuple[int, ...]:
