@@ -83,10 +83,10 @@ class Preservation(Reward):
         if not path:
             return None
         import numpy as np
+        from PIL import Image
 
-        from flowgrpo.conditions import load
-
-        pixels = torch.from_numpy(np.asarray(load(path).convert("L"), dtype=np.float32) / 255)[None, None]
+        with Image.open(path) as mask:  # checked when the prompt set was read (flowgrpo/conditions.py)
+            pixels = torch.from_numpy(np.asarray(mask.convert("L"), dtype=np.float32) / 255)[None, None]
         mask = (F.interpolate(pixels, size=tuple(size), mode="bilinear", align_corners=False) > 0.5).float()
         if radius:
             mask = F.max_pool2d(mask, 2 * radius + 1, stride=1, padding=radius)

@@ -133,7 +133,7 @@ TRAINING = [
     (["rewards=[{{name: toy_video}}]"], r"reward 'toy_video' scores videos but the model makes images"),
     (["sampling.plan.group_size=1"], r"group_size=1: GRPO needs at least 2 samples per prompt.*set sampling.plan.group_size=2"),
     (["train.prompts_per_iteration=3", "sampling.batches_per_iteration=2"], r"prompts_per_iteration=3 is not divisible by"),
-    (["model.family=sd4"], r"model config 'family' is 'sd4'; allowed: analytic, flux, flux2, flux2_klein, flux_kontext, qwen_image"),
+    (["model.family=sd4"], r"model config 'family' is 'sd4'; allowed: analytic, flux, flux2, flux2_klein, flux_kontext, qwen_image, qwen_image_edit, sd3, wan, z_image"),
     (["model.dtype=float8"], r"model config 'dtype' is 'float8'; allowed: float32"),
     (["model.resolution=65"], r"image size 65x65 does not fit SD3Model: .*change model.resolution"),
     (["run_name=../../etc/evil"], r"run_name='../../etc/evil' is not allowed; use a plain folder name .*put a path in output_dir="),

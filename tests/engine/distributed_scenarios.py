@@ -179,7 +179,8 @@ class Launcher:
             else:
                 from train_fixtures import save_tiny_wan22
 
-                build = {"wan22": save_tiny_wan22, "flux": save_tiny_flux, "qwen": save_tiny_qwen}[model]
+                build = {"wan22": save_tiny_wan22, "flux": save_tiny_flux, "qwen": save_tiny_qwen,
+                         "kontext": save_tiny_edit}[model]
                 self._models[model] = str(build(self.request.getfixturevalue("tmp_path_factory").mktemp(f"tiny_{model}")))
         return self._models[model]
 
@@ -305,6 +306,13 @@ def save_tiny_qwen(folder) -> str:
     from worlds.toy import scenes
 
     return save_tiny_qwen_image(folder, [p.text for p in scenes.train_prompts() + scenes.eval_prompts()])
+
+
+def save_tiny_edit(folder) -> str:
+    """The tiny FLUX.1-Kontext (random weights, the shipped edit model's architecture) for the editing world."""
+    from flowgrpo.tiny.builders import save_tiny_kontext
+
+    return save_tiny_kontext(folder, [])
 
 
 # ==================================================================== the launch's side

@@ -105,6 +105,9 @@ IMAGE_FAMILIES = {  # family -> (its tiny pipeline: distributed_scenarios.save_t
     "flux": ("flux", {"model.family": "flux", "model.guidance_scale": 3.5, "model.max_sequence_length": 16,
                       "model.resolution": 32}),
     "qwen_image": ("qwen", {"model.family": "qwen_image", "model.guidance_scale": 4.0}),
+    # an editing family: every call's sequence is the latent's tokens then the source's, split together
+    "flux_kontext": ("kontext", {"model.family": "flux_kontext", "model.guidance_scale": 2.0, "prompts": "toy-edit-train",
+                                 "eval.prompts": "toy-edit-eval", "eval.reward": "toy_edit"}),
 }
 
 

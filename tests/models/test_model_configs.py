@@ -67,7 +67,7 @@ def test_unknown_key_names_the_key_and_a_fix():
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"family": "hunyuan"}, r"'family' is 'hunyuan'; allowed: analytic, flux, flux2, flux2_klein, qwen_image, sd3, wan, z_image"),
+        ({"family": "hunyuan"}, r"'family' is 'hunyuan'; allowed: analytic, flux, flux2, flux2_klein, flux_kontext, qwen_image, qwen_image_edit, sd3, wan, z_image"),
         ({"guidance_scale_2": -1.0}, r"'guidance_scale_2' is -1.0; allowed: null"),
         ({"trained_experts": ["transformer_3"]}, r"'trained_experts'.*transformer, transformer_2"),
         ({"family": "wan", "num_frames": 80}, r"'num_frames' is 80; allowed: 4k \+ 1 for 'wan'.*77 or 81"),
