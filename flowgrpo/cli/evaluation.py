@@ -346,7 +346,7 @@ def _evaluate_and_print(args, prompts, metadata, model_config, weights, options,
             summary = result
         if args.save_images:
             _save_images(Path(args.save_images) / (f"seed_{seed + j}" if args.samples_per_prompt > 1 else ""),
-                         images, prompts)
+                         images, prompts, metadata)
     if args.samples_per_prompt > 1:
         summary["headroom"] = best_of_k(torch.stack(all_scores))
     summary = {"model": model.config.pretrained, "checkpoint": args.checkpoint, "prompts": args.prompts,
@@ -358,10 +358,11 @@ def _evaluate_and_print(args, prompts, metadata, model_config, weights, options,
     return 0
 
 
-def _save_images(folder: Path, images, prompts: list[str]) -> None:
+def _save_images(folder: Path, images, prompts: list[str], metadata: list[dict] | None = None) -> None:
+    """Each sample as a PNG (a video: a GIF) and a manifest line; an edit's source beside it (``sources``)."""
     from PIL import Image
 
-    from flowgrpo.run.run_dir import to_uint8
+    from flowgrpo.run.run_dir import _save_sources, to_uint8
 
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -373,5 +374,6 @@ def _save_images(folder: Path, images, prompts: list[str]) -> None:
         else:
             name = f"{i:05d}.png"
             Image.fromarray(to_uint8(image)).save(folder / name)
-        rows.append(json.dumps({"file": name, "prompt": prompt}))
+        rows.append(json.dumps({"file": name, "prompt": prompt,
+                                **_save_sources(folder, metadata[i] if metadata else None)}))
     (folder / "manifest.jsonl").write_text("\n".join(rows) + "\n")

@@ -65,12 +65,16 @@ def _kontext_predict(pipe, xt: torch.Tensor, sigma: torch.Tensor, captions: list
     return kontext_call(pipe.transformer, xt, sources, sigma, None, pooled, embeds, text_ids, pipe.vae_scale_factor)
 
 
-def evaluate_snapshot(folder: Path, cfg: PretrainEditConfig, limit: int = 0) -> dict:
-    """Score a saved pipeline folder on the held-out edits (``toy-edit-eval``) as ``flowgrpo eval`` does."""
+def evaluate_snapshot(folder: Path, cfg: PretrainEditConfig, per_task: int = 0) -> dict:
+    """Score a saved pipeline folder on the held-out edits (``toy-edit-eval``; ``per_task``: the first that many of
+    each task) as ``flowgrpo eval`` does."""
     from flowgrpo.data import read_prompts
     from flowgrpo.evaluate import evaluate
 
-    prompts, metadata = read_prompts("toy-edit-eval", limit)
+    prompts, metadata = read_prompts("toy-edit-eval")
+    if per_task:
+        keep = [i for i, m in enumerate(metadata) if sum(n["task"] == m["task"] for n in metadata[:i]) < per_task]
+        prompts, metadata = [prompts[i] for i in keep], [metadata[i] for i in keep]
     summary, _, _ = evaluate(snapshot_model(folder, "flux_kontext", cfg), prompts, "toy_edit", metadata, seed=cfg.seed,
                              progress=False)
     return summary
