@@ -4,7 +4,8 @@
 
 Runs ``reproduce/parity/<code>.py`` for every code base whose checkout variable is set (reproduce/README.md
 names them), prints one line per compared method (the largest σ, x' and log-prob differences, each within
-TOLERANCE_ULPS float32 ulps of the values' magnitude) and writes the per-step rows to docs/results/peer_parity.json.
+TOLERANCE_ULPS float32 ulps of the values' magnitude) and writes the per-step rows to docs/results/peer_parity.json
+(``--keep-others``: the rows it already holds of the code bases not run now stay).
 Exit status 1 when any method differs, 2 when no checkout is set or one is at another commit than the data were
 read at (told in one line, with the commit to check out).
 """
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("codes", nargs="*", help=f"code bases among {', '.join(CODES)} (default: every one set)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "peer_parity.json"))
     parser.add_argument("--markdown", help="also write the per-method table (docs/results/peer_parity.md's) here")
+    parser.add_argument("--keep-others", action="store_true",
+                        help="keep the rows --out already holds of the code bases not run now (rerunning one code base)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.codes) - set(CODES))
     if unknown:
@@ -51,12 +54,24 @@ def main(argv: list[str] | None = None) -> int:
     except ExtractionError as exc:
         print(exc, file=sys.stderr)
         return 2
+    earlier = []
+    if args.keep_others and Path(args.out).is_file():
+        import json
+
+        earlier = json.loads(Path(args.out).read_text())
     reports = []
     for code, checkout in checkouts.items():
         for report in importlib.import_module(f"parity.{code}").run(checkout):
             print(f"{code:14s} {report.line()}")
             reports.append(report)
     write_reports(reports, Path(args.out))
+    if args.keep_others:  # the earlier rows of every other code base, in CODES order around the new ones
+        import json
+
+        out = Path(args.out)
+        new = json.loads(out.read_text())
+        kept = [row for row in earlier if row["code"] not in checkouts]
+        out.write_text(json.dumps(sorted(kept + new, key=lambda row: CODES.index(row["code"])), indent=1) + "\n")
     if args.markdown:
         Path(args.markdown).write_text(markdown_table(reports))
     print(f"wrote {args.out}: {sum(r.ok for r in reports)} of {len(reports)} methods equal step by step")

@@ -10,7 +10,15 @@ Runs (the paper's tables and the README's launch scripts):
 
 - ``flow_grpo``: geneval_sd3 (scripts/multi_node/sd3.sh), general_ocr_sd3, pickscore_sd3 (the paper's three SD3.5-M
   tasks, scripts/train_sd3.py), clipscore_sd3 (the repository's CLIPScore run), pickscore_flux (scripts/multi_node/
-  flux.sh, scripts/train_flux.py);
+  flux.sh, scripts/train_flux.py); and its two editing runs, the README's counting-edit task (dataset/counting_edit:
+  an instruction to change an object count and the source image it applies to, scored by GenEval's counting and the
+  CLIP image similarity to the source): counting_flux_kontext (scripts/multi_node/flux_kontext.sh,
+  scripts/train_flux_kontext.py, FLUX.1-Kontext-dev) and counting_qwenimage_edit (scripts/multi_node/qwenimage_edit.sh,
+  scripts/train_qwenimage_edit.py, the first Qwen-Image-Edit through QwenImageEditPipeline). The Qwen-Image-Edit-2509
+  trainer (scripts/train_qwenimage_edit_plus.py, config dual_ref_qwenimage_edit_plus_fast of
+  scripts/single_node/grpo_qwenimage_edit_plus.sh) is on another line of the repository (9dcdc35, c7bb5fe: neither is
+  an ancestor of 9745241, and neither 9745241's config/grpo.py nor the later main line's, 74db691, defines that
+  config): one data file holds one commit per file, so it is not read here;
 - ``flow_grpo_fast``: geneval_sd3_fast_nocfg and pickscore_sd3_fast_nocfg (the README's Fast figures,
   scripts/multi_node/sd3_fast.sh, scripts/train_sd3_fast.py), geneval_flux_fast and pickscore_flux_fast (the README's
   FLUX Fast W&B runs, scripts/multi_node/flux_fast.sh, scripts/train_flux_fast.py);
@@ -30,7 +38,8 @@ from __future__ import annotations
 import ast
 import re
 
-from official import Checkout, ExtractionError, Launch, Value, code_fact, trace_ml_collections
+from official import (Checkout, ExtractionError, Launch, Value, code_fact, flow_grpo_reward_facts,
+                      k_repeat_sampler_facts, trace_ml_collections)
 
 REPOSITORY = "yifan123/flow_grpo"
 ENV = "FLOW_GRPO_PATH"
@@ -41,10 +50,13 @@ TRACKER = "flow_grpo/stat_tracking.py"
 
 
 class Script:
-    """A training script and the pipeline it samples with."""
+    """A training script and the pipeline it samples with; ``edit``: an editing script ("kontext": FLUX.1-Kontext on
+    the FLUX script's loop; "qwen": Qwen-Image-Edit on its FSDP loop), whose prompts come with a source image."""
 
-    def __init__(self, path: str, pipeline: str, family: str, fast: bool = False, guard: bool = False):
+    def __init__(self, path: str, pipeline: str, family: str, fast: bool = False, guard: bool = False,
+                 edit: str | None = None):
         self.path, self.pipeline, self.family, self.fast, self.guard = path, pipeline, family, fast, guard
+        self.edit = edit
 
 
 SD3 = Script("scripts/train_sd3.py", "flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py", "sd3")
@@ -55,6 +67,10 @@ FLUX_FAST = Script("scripts/train_flux_fast.py", "flow_grpo/diffusers_patch/flux
                    fast=True)
 GUARD = Script("scripts/train_sd3_GRPO_Guard.py", "flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py", "sd3",
                guard=True)
+KONTEXT = Script("scripts/train_flux_kontext.py", "flow_grpo/diffusers_patch/flux_kontext_pipeline_with_logprob.py",
+                 "flux", edit="kontext")
+QWEN_EDIT = Script("scripts/train_qwenimage_edit.py", "flow_grpo/diffusers_patch/qwenimage_edit_pipeline_with_logprob.py",
+                   "qwen_image", edit="qwen")
 
 # config function -> (config file, training script, flowgrpo model config, flowgrpo rewards)
 FLOW_GRPO_RUNS = {
@@ -63,6 +79,10 @@ FLOW_GRPO_RUNS = {
     "pickscore_sd3": ("config/grpo.py", SD3, "sd3_5_medium", ["pickscore"]),
     "clipscore_sd3": ("config/grpo.py", SD3, "sd3_5_medium", ["clipscore"]),
     "pickscore_flux": ("config/grpo.py", FLUX, "flux_dev", ["pickscore"]),
+    # the editing runs: reward_fn also weighs the CLIP image similarity to the source, which flowgrpo has no reward for
+    # (its map says so); GenEval scores the edit's object count from the row's GenEval metadata
+    "counting_flux_kontext": ("config/grpo.py", KONTEXT, "flux1_kontext_dev", ["geneval"]),
+    "counting_qwenimage_edit": ("config/grpo.py", QWEN_EDIT, "qwen_image_edit_2511", ["geneval"]),
 }
 RUNS = {
     "flow_grpo": FLOW_GRPO_RUNS,
@@ -83,6 +103,14 @@ RUNS = {
 }
 
 NOTES = {
+    "flow_grpo": "Its editing runs are the README's counting-edit task (dataset/counting_edit: an instruction to change "
+                 "an object's count in a FLUX-generated source image, GenEval's count against the row's metadata "
+                 "plus the CLIP image similarity to the source): counting_flux_kontext (scripts/multi_node/"
+                 "flux_kontext.sh) and counting_qwenimage_edit (scripts/multi_node/qwenimage_edit.sh, the first "
+                 "Qwen-Image-Edit). The repository's Qwen-Image-Edit-2509 trainer (scripts/train_qwenimage_edit_plus.py, "
+                 "dual_ref_qwenimage_edit_plus_fast) is on another line of the repository (9dcdc35, c7bb5fe, not "
+                 "ancestors of this commit), whose config/grpo.py is not this commit's, so it is not one of these "
+                 "launches.",
     "tempflow": "TempFlow-GRPO has no public code (Shredded-Pork/TempFlow-GRPO holds its README only); its paper builds "
                 "on Flow-GRPO's SD3.5-M training, whose launches these are. Its own method (ODE trunk, branch steps, "
                 "noise-aware weights) is listed as differences in reproduce/official/map/flow_grpo.yaml.",
@@ -130,26 +158,67 @@ def _flow_match_timestep_dtype(_: str) -> str:
     return str(scheduler.timesteps.dtype)
 
 
+def edit_facts(checkout: Checkout, script: Script, values: dict) -> dict:
+    """What an editing script does with a prompt's source image, how it groups, draws and scores its rows: the
+    constants of the editing loop beyond the text-to-image scripts' (``code.*`` keys)."""
+    s, pipeline = script.path, script.pipeline
+    facts = {
+        # each row's source image is squashed to resolution x resolution by PIL's resize (its default filter)
+        "code.condition_resize": code_fact(
+            checkout, s, r"ref_images = \[ref_image\.(resize\(\(config\.resolution, config\.resolution\)\)) for ref_image in "
+            r"ref_images\]", convert=str, function="main"),
+        # a group is the k samples of one (instruction, source image) row: the stat tracker keys the advantages by the
+        # instruction joined to the image's path
+        "code.group_key": code_fact(checkout, s, r'item\["prompt_with_image_path"\] = (f"\{self\.prompts\[idx\]\}_\{image_path\}")',
+                                    convert=str),
+        # the scorer of the image similarity to the source: cosine of CLIP image embeddings
+        "code.image_similarity": code_fact(checkout, "flow_grpo/clip_scorer.py",
+                                           r'self\.model = CLIPModel\.from_pretrained\("([^"]+)"\)', convert=str),
+        "code.image_similarity_score": code_fact(checkout, "flow_grpo/clip_scorer.py",
+                                                 r"^\s*sim = (pixel_embeds @ ref_embeds\.T)$", convert=str),
+    }
+    facts.update(k_repeat_sampler_facts(checkout, s))
+    rewarded = [name for name in ("pickscore", "ocr", "geneval") if values.get(f"reward_fn.{name}") is not None]
+    facts.update(flow_grpo_reward_facts(checkout, rewarded, "flow_grpo"))
+    if script.edit == "kontext":
+        # the output is max_area = resolution² at the requested (square) aspect, and the pipeline resizes the source
+        # to that output size (its _auto_resize to Kontext's preferred resolutions is never taken)
+        facts["code.output_area"] = code_fact(checkout, s, r"max_area=(config\.resolution\*config\.resolution)", convert=str,
+                                              function="main")
+        facts["code.condition_size"] = code_fact(checkout, pipeline, r"image = self\.image_processor\.(resize\(image, height, width\))",
+                                                 convert=str)
+    else:
+        # the source is resized to about 1024 x 1024 px of area at its aspect (calculate_dimensions), and that one
+        # image is both the VAE's (the reference latents) and the VLM's
+        facts["code.condition_size"] = code_fact(
+            checkout, pipeline, r"calculated_width, calculated_height, _ = calculate_dimensions\((1024 \* 1024), image_size\[0\] / "
+            r"image_size\[1\]\)", convert=str)
+        # the VLM is given the VAE's preprocessed tensor of the source (prompt_image, in [-1, 1]), for the prompt and
+        # the negative prompt alike
+        facts["code.condition_vlm_input"] = code_fact(
+            checkout, pipeline, r"image=(torch\.cat\(\[prompt_image, prompt_image\], dim=0\)),", convert=str)
+        facts["code.negative_prompt"] = code_fact(checkout, s, r'negative_prompt=(\[" "\])\*len\(prompts\)', convert=str,
+                                                  function="main")
+        # true CFG rescaled to the conditional prediction's norm, as QwenImagePipeline does
+        facts["code.cfg_rescale"] = code_fact(checkout, pipeline, r"noise_pred = (comb_pred \* \(cond_norm / noise_norm\))",
+                                              convert=str)
+    return facts
+
+
 def code_facts(checkout: Checkout, script: Script, values: dict) -> dict:
     """The constants a launch's script, pipeline and SDE step fix, each at its line (``code.*`` keys)."""
     s = script.path
+    qwen = script.edit == "qwen"  # Qwen-Image-Edit's FSDP script: no EMA, its own reference, its own encoding
     facts = {
         "code.lora_rank": code_fact(checkout, s, r"LoraConfig\(\s*r=(\d+)"),
         "code.lora_alpha": code_fact(checkout, s, r"LoraConfig\([^)]*lora_alpha=(\d+)"),
         "code.lora_init": code_fact(checkout, s, r"init_lora_weights=\"(\w+)\"", convert=str),
         "code.lora_target_modules": code_fact(checkout, s, r"target_modules = (\[[^\]]*\])"),
-        "code.ema_decay": code_fact(checkout, s, r"EMAModuleWrapper\([^)]*decay=([\d.]+)"),
-        "code.ema_update_step_interval": code_fact(checkout, s, r"EMAModuleWrapper\([^)]*update_step_interval=(\d+)"),
         "code.optimizer": code_fact(checkout, s, r"optimizer_cls = (torch\.optim\.AdamW)$", convert=str),
         # the pipeline (and its scheduler, with the model's own shift) the run loads
         "code.pipeline_class": code_fact(checkout, s, r"pipeline = (\w+Pipeline)\.from_pretrained\(", convert=str),
-        # the prompts of the sampling loop are encoded with this many T5 tokens
-        "code.max_sequence_length": code_fact(
-            checkout, s, r"compute_text_embeddings\(\s*prompts,\s*text_encoders,\s*tokenizers,\s*max_sequence_length=(\d+)",
-            function="main"),
         # the KL to the reference (the LoRA disabled) divides by the SDE's std_dev_t, not by its step's std
         "code.kl_denominator": code_fact(checkout, s, r"kl_loss = .*/ \((2 \* std_dev_t \*\* 2)\)$", convert=str),
-        "code.kl_reference": code_fact(checkout, s, r"with transformer\.module\.(disable_adapter)\(\):", convert=str),
         # samples whose advantages are all zero are dropped before training (SD3 scripts; not FLUX's)
         "code.drops_zero_advantage": _presence(checkout, s, r"mask = \(samples\[\"advantages\"\]\.abs\(\)\.sum\(dim=1\) != 0\)"),
         # the samples are shuffled across groups before they are cut into training batches (not in the Fast scripts,
@@ -161,8 +230,6 @@ def code_facts(checkout: Checkout, script: Script, values: dict) -> dict:
                                                 convert=str),
         "code.trained_steps": code_fact(checkout, s, r"train_timesteps = \[step_index  for step_index in (range\(num_train_timesteps\))\]",
                                         convert=str),
-        "code.num_train_timesteps": code_fact(
-            checkout, s, r"^    (?:if config\.sample\.sde_window_size > 0:\n\s+)?num_train_timesteps = (.+)$", convert=str),
         # the log-prob of a step: mean over every latent element (both kernels)
         "code.log_prob_reduce": code_fact(checkout, SDE, r"log_prob = log_prob\.(mean)\(dim=tuple\(range\(1, log_prob\.ndim\)\)\)",
                                           convert=str),
@@ -176,6 +243,33 @@ def code_facts(checkout: Checkout, script: Script, values: dict) -> dict:
         "code.same_latent_seed": code_fact(checkout, s, r"generator = create_generator\(prompts, base_seed=(epoch\*10000\+i)\)",
                                            convert=str),
     }
+    if qwen:
+        # no evaluation EMA: the script's EMAModuleWrapper line is commented out and `ema = None`
+        facts["code.ema"] = code_fact(checkout, s, r"^    ema = (None)$", convert=str, function="main")
+        # the KL's reference is a second copy of the base transformer (the weights the LoRA starts from)
+        facts["code.kl_reference"] = code_fact(checkout, s, r"transformer_ref = (QwenImageTransformer2DModel)\.from_pretrained\(",
+                                               convert=str)
+        # window size 0: the steps of the default window (0, T − 1) are SDE and trained, the last step is ODE
+        facts["code.num_train_timesteps"] = code_fact(
+            checkout, s, r"^    if config\.sample\.sde_window_size > 0:\n\s+num_train_timesteps = config\.sample\.sde_window_size\n"
+            r"\s+else:\n\s+num_train_timesteps = (.+)$", convert=str)
+        facts["code.sde_window_default"] = code_fact(
+            checkout, script.pipeline, r"^        sde_window = (\(0, len\(timesteps\)-1\))$", convert=str)
+        # a window start of size > 0 is drawn by Python's random seeded with the process index at every call
+        facts["code.window_seed"] = code_fact(checkout, script.pipeline, r"random\.seed\((process_index)\)", convert=str)
+    else:
+        facts["code.ema_decay"] = code_fact(checkout, s, r"EMAModuleWrapper\([^)]*decay=([\d.]+)")
+        facts["code.ema_update_step_interval"] = code_fact(checkout, s, r"EMAModuleWrapper\([^)]*update_step_interval=(\d+)")
+        # the prompts of the sampling loop are encoded with this many T5 tokens (Qwen-Image-Edit's pipeline encodes
+        # them itself, untruncated: no such number)
+        facts["code.max_sequence_length"] = code_fact(
+            checkout, s, r"compute_text_embeddings\(\s*prompts,\s*text_encoders,\s*tokenizers,\s*max_sequence_length=(\d+)",
+            function="main")
+        facts["code.kl_reference"] = code_fact(checkout, s, r"with transformer\.module\.(disable_adapter)\(\):", convert=str)
+        facts["code.num_train_timesteps"] = code_fact(
+            checkout, s, r"^    (?:if config\.sample\.sde_window_size > 0:\n\s+)?num_train_timesteps = (.+)$", convert=str)
+    if script.edit:
+        facts.update(edit_facts(checkout, script, values))
     # the σ grid: SD3's pipeline leaves it to the scheduler (sigmas=None); FLUX's passes linspace(1, 1/T, T) with the
     # resolution's dynamic shift mu
     if script.family == "sd3":

@@ -10,6 +10,12 @@ Compared, on the shipped tiny SD3 and a tiny FLUX.1 (random weights, FLUX.1-dev'
   kernel, ODE steps at noise level 0) against the preset's random window at an iteration that draws the same start;
 - the same two on FLUX (``flux_pipeline_with_logprob`` / ``_fast``: linspace(1, 1/T, T) with the resolution's
   dynamic shift) against the presets on ``flux_dev``.
+- ``flow_grpo`` on FLUX.1-Kontext, its editing run (counting_flux_kontext): the official
+  ``flux_kontext_pipeline_with_logprob`` (the source image resized to the output size, VAE-encoded, its tokens after
+  the latent's, ids frame 1; Flow-SDE at every step on FLUX's grid) against the preset on ``flux1_kontext_dev``, on a
+  tiny random FLUX.1-Kontext (flowgrpo.tiny.build_tiny_kontext_pipeline's, its transformer guidance-embedded as
+  FLUX.1-Kontext-dev's, FLUX.1-dev's scheduler config); both sides encode the same source images, given at the output
+  size (the official script's bicubic squash to resolution x resolution is a mapped difference, not the sampler's).
 
 Every official value that sets a run (steps, noise level, CFG scale, window size and range, sde_type, timestep
 fraction) is read from the official config function of the launch (config/grpo.py, by ``trace_ml_collections``);
@@ -51,10 +57,26 @@ RUNS = {
             ("flow_grpo_fast", "geneval_sd3_fast_nocfg", "scripts/train_sd3_fast.py", "sd3_pipeline_with_logprob_fast")],
     "flux": [("flow_grpo", "pickscore_flux", "scripts/train_flux.py", "flux_pipeline_with_logprob"),
              ("flow_grpo_fast", "pickscore_flux_fast", "scripts/train_flux_fast.py", "flux_pipeline_with_logprob_fast")],
+    "flux_kontext": [("flow_grpo", "counting_flux_kontext", "scripts/train_flux_kontext.py",
+                      "flux_kontext_pipeline_with_logprob")],
 }
-MODEL = {"sd3": "sd3_5_medium", "flux": "flux_dev"}
+MODEL = {"sd3": "sd3_5_medium", "flux": "flux_dev", "flux_kontext": "flux1_kontext_dev"}
 REWARD = {"geneval_sd3": "geneval", "geneval_sd3_fast_nocfg": "geneval", "pickscore_flux": "pickscore",
-          "pickscore_flux_fast": "pickscore"}
+          "pickscore_flux_fast": "pickscore", "counting_flux_kontext": "geneval"}
+
+
+def sources(size: int) -> list:
+    """One source image per prompt of PROMPTS (the editing run's), RGB at ``size`` x ``size``: smooth seeded colour
+    fields, so the VAE sees structure rather than noise."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(7)
+    out = []
+    for _ in PROMPTS:
+        coarse = torch.rand(1, 3, 4, 4, generator=generator)
+        field = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)[0]
+        out.append(Image.fromarray((field.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy(), mode="RGB"))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the official code
@@ -133,7 +155,7 @@ def load_flowgrpo(preset: str, family: str, reward: str, folder: str | None, ext
     from flowgrpo.models import load_model
 
     tiny = list(TINY_SD3)
-    if family == "flux":
+    if family != "sd3":
         tiny[0] = f"model.pretrained={folder}"
     cfg = resolve(preset, MODEL[family], [f"rewards=[{{name: {reward}}}]", *tiny, *extra]).config
     model = load_model(cfg.model)
@@ -191,7 +213,9 @@ def compare(checkout: Checkout, modules, family: str, preset: str, function: str
             raise RuntimeError(f"{preset}: no iteration below 1000 draws window start {start}")
     plan = schedule.plan(iteration)
     T = len(plan.steps)
-    cond = model.encode_prompts(PROMPTS)
+    edit = family == "flux_kontext"
+    images = sources(cfg.model.resolution) if edit else None
+    cond = model.encode_prompts(PROMPTS, images=[[image] for image in images] if edit else None)
     mine = ours(cfg, model, plan, iteration, cond)
     rec, n = mine["rec"], mine["rec"].root_state.shape[0]
     shape = (n,) + tuple(model.latent_shape())
@@ -221,6 +245,8 @@ def compare(checkout: Checkout, modules, family: str, preset: str, function: str
         unpack = lambda t: FluxPipeline._unpack_latents(t, cfg.model.resolution, cfg.model.resolution, vae_factor)  # noqa: E731
         kwargs.update(prompt_embeds=cond_rows.prompt_embeds, pooled_prompt_embeds=cond_rows.pooled_prompt_embeds,
                       latents=pack(rec.root_state.clone()))
+        if edit:  # as train_flux_kontext.py calls it: each root's source, max_area = resolution²
+            kwargs.update(image=[images[int(i)] for i in index], max_area=cfg.model.resolution ** 2)
         eps = [pack(e) for e in eps]
     steps, asked = [], []
     original = pipeline_module.sde_step_with_logprob
@@ -303,6 +329,24 @@ def _tiny_flux(folder: str) -> str:
     return folder
 
 
+def _tiny_kontext(folder: str) -> str:
+    """A tiny FLUX.1-Kontext of the real classes saved to ``folder``: flowgrpo.tiny's random one
+    (build_tiny_kontext_pipeline), its transformer rebuilt guidance-embedded (FLUX.1-Kontext-dev's
+    ``guidance_embeds``: the official pipeline's only guidance) and FLUX.1-dev's scheduler config (FLUX.1-Kontext-dev's:
+    dynamic shifting, base 0.5 at 256 tokens, max 1.15 at 4096)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
+
+    from flowgrpo.tiny import build_clip_tokenizer
+    from flowgrpo.tiny.builders import FLUX_DEV_SCHEDULER, build_tiny_kontext_pipeline
+
+    pipe = build_tiny_kontext_pipeline(build_clip_tokenizer(PROMPTS, max_length=16), seed=0)
+    torch.manual_seed(1)
+    transformer = FluxTransformer2DModel.from_config({**pipe.transformer.config, "guidance_embeds": True}).eval()
+    FluxKontextPipeline(**dict(pipe.components, transformer=transformer,
+                               scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_DEV_SCHEDULER))).save_pretrained(folder)
+    return folder
+
+
 def window_starts(checkout: Checkout, function: str) -> list[int | None]:
     """Every start the official Fast window can take (randint's whole range), or [None] without a window."""
     config, flat = official_config(checkout, function)
@@ -312,14 +356,15 @@ def window_starts(checkout: Checkout, function: str) -> list[int | None]:
     return list(range(lo, hi - config.sample.sde_window_size + 1))
 
 
-def run(checkout: Checkout, families: tuple[str, ...] = ("sd3", "flux"), presets: tuple[str, ...] | None = None,
-        extra: tuple[str, ...] = ()) -> list[MethodReport]:
+def run(checkout: Checkout, families: tuple[str, ...] = ("sd3", "flux", "flux_kontext"),
+        presets: tuple[str, ...] | None = None, extra: tuple[str, ...] = ()) -> list[MethodReport]:
     """Every compared method of ``families`` (every window start of the Fast runs); ``presets`` limits them."""
     modules = load_modules(checkout)
     reports = []
+    tiny = {"flux": _tiny_flux, "flux_kontext": _tiny_kontext}
     with tempfile.TemporaryDirectory() as tmp:
         for family in families:
-            folder = _tiny_flux(str(Path(tmp) / "tiny-flux")) if family == "flux" else None
+            folder = tiny[family](str(Path(tmp) / f"tiny-{family}")) if family in tiny else None
             for preset, function, script, pipeline_name in RUNS[family]:
                 if presets is not None and preset not in presets:
                     continue

@@ -1,7 +1,8 @@
 """reproduce/parity/flow_grpo.py: Flow-GRPO's own samplers (its SD3 and FLUX pipelines with Flow-SDE, the Fast
-pipelines' CPS window at every start the official draw can take) against flowgrpo's ``flow_grpo`` and
-``flow_grpo_fast`` presets on the real model configs (tiny weights), step by step, when FLOW_GRPO_PATH names a
-checkout of yifan123/flow_grpo (its code is loaded from there at run time; the project ships none of it)."""
+pipelines' CPS window at every start the official draw can take, its FLUX.1-Kontext editing pipeline) against
+flowgrpo's ``flow_grpo`` and ``flow_grpo_fast`` presets on the real model configs (tiny weights), step by step, when
+FLOW_GRPO_PATH names a checkout of yifan123/flow_grpo (its code is loaded from there at run time; the project ships
+none of it)."""
 
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ def test_per_root_step_puts_each_trained_transition_at_its_root_and_step():
 
 @needs_checkout
 def test_every_flow_grpo_sampler_equals_the_official_code_step_by_step(reports):
-    assert sorted(reports) == ["flow_grpo flux", "flow_grpo sd3", "flow_grpo_fast flux window 0",
+    assert sorted(reports) == ["flow_grpo flux", "flow_grpo flux_kontext", "flow_grpo sd3", "flow_grpo_fast flux window 0",
                                "flow_grpo_fast sd3 window 0", "flow_grpo_fast sd3 window 1", "flow_grpo_fast sd3 window 2"]
     bad = {name: [s for s in r.steps if not s.ok] for name, r in reports.items() if not r.ok}
     assert not bad, bad
@@ -96,6 +97,31 @@ def test_a_changed_plan_is_caught(checkout, override, broken):
     else:  # σ_1 = 0.96013 of the scheduler's grid: 960, not 960.13 (step 0 at σ = 1 is 1000 either way)
         assert all(s.sigma[0] == s.sigma[1] for s in report.steps) and report.steps[0].ok
         assert max(s.dx for s in wrong) > 10 * max(s.tol_x for s in wrong)
+
+
+@needs_checkout
+def test_the_kontext_edit_run_steps_as_the_official_kontext_pipeline(reports):
+    """Flow-GRPO's editing run on FLUX.1-Kontext (counting_flux_kontext, scripts/train_flux_kontext.py): its pipeline
+    (the source VAE-encoded at the output size, its tokens after the latent's) against the preset on
+    flux1_kontext_dev, on a tiny random guidance-embedded FLUX.1-Kontext with the same sources: FLUX's grid at 6 steps,
+    Flow-SDE at every step, the first int(6 · 0.99) = 5 trained, every x' and log-prob equal within tolerance."""
+    r = reports["flow_grpo flux_kontext"]
+    assert r.ok, [s for s in r.steps if not s.ok]
+    assert len(r.steps) == 6 and all(s.sigma[0] == s.sigma[1] for s in r.steps)
+    assert all(s.stochastic == (True, True) for s in r.steps)
+    assert [s.step for s in r.steps if s.trained == (True, True)] == [0, 1, 2, 3, 4]
+    assert not any(s.trained[0] or s.trained[1] for s in r.steps[5:])
+
+
+@needs_checkout
+@pytest.mark.parametrize("override", ["sampling.guidance_scale=3.5", "sampling.plan.eta=0.7"])
+def test_a_changed_kontext_plan_is_caught(checkout, override):
+    """Negative controls of the editing run: another embedded guidance or noise level on flowgrpo's side is a
+    difference the comparison reports (x' from the first step on)."""
+    from parity import flow_grpo
+
+    report = flow_grpo.run(checkout, families=("flux_kontext",), extra=(override,))[0]
+    assert not report.ok and not report.steps[0].ok
 
 
 @needs_checkout
