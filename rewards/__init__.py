@@ -36,6 +36,7 @@ REGISTRY: dict[str, str] = {
     "vlm_judge": "rewards.vlm:VLMJudge",
     "vlm_edit_judge": "rewards.vlm:VLMEditJudge",
     "preservation": "rewards.preservation:Preservation",
+    "clip_image_similarity": "rewards.clip_rewards:CLIPImageSimilarity",
 }
 
 

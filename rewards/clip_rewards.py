@@ -181,3 +181,32 @@ class CLIPScore(Reward):
 
     def score_float(self, images, prompts, metadata) -> RewardOutput:
         return self.score_uint8(images, prompts, metadata)  # the backbone's "tensor" preprocessing takes floats
+
+
+class CLIPImageSimilarity(Reward):
+    """How alike an edit's result and its source look to CLIP: the cosine of their unit image embeddings (the first
+    condition image of each row; ``sees_condition``). Flow-GRPO's editing runs add it to GenEval's reward (weight 0.5
+    for FLUX.1-Kontext, 0.2 for Qwen-Image-Edit) to keep the source; the defaults are its scorer's
+    (flow_grpo/clip_scorer.py ``image_similarity``): openai/clip-vit-large-patch14, the float images unrounded
+    (``quantize=False``) through torchvision's Resize + CenterCrop + Normalize (``preprocess="tensor"``)."""
+
+    name = "clip_image_similarity"
+    modality = "image"
+    sees_condition = True
+
+    def __init__(self, pretrained: str = "openai/clip-vit-large-patch14", processor: str | None = None, *,
+                 preprocess: str = "tensor", quantize: bool = False, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32, model=None):
+        if not quantize and preprocess != "tensor":
+            raise ValueError("clip_image_similarity: quantize=False (float images) needs preprocess='tensor'")
+        self.clip = CLIPBackbone(pretrained, processor, model=model, text=False, device=device, dtype=dtype,
+                                 preprocess=preprocess)
+        self.quantize = bool(quantize)
+
+    def score_uint8(self, images, prompts, metadata, conditions) -> RewardOutput:
+        result = l2_normalize(self.clip.image_features(images))
+        source = l2_normalize(self.clip.image_features(conditions[:, 0]))
+        return RewardOutput(scores=(result * source).sum(-1).float(), info={})
+
+    def score_float(self, images, prompts, metadata, conditions) -> RewardOutput:
+        return self.score_uint8(images, prompts, metadata, conditions)  # the "tensor" preprocessing takes floats

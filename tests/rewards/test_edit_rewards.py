@@ -93,3 +93,39 @@ def test_a_reward_that_sees_the_source_scores_the_same_served_remotely():
         assert remote.sees_condition
         served = remote(results, texts, meta, conditions=conditions)
     assert torch.equal(served.scores, local.scores) and local.scores.tolist() == [1.0] * 4 + [0.0] * 4
+
+
+def test_clip_image_similarity_is_flow_grpos_edit_scorer_and_missing_weights_are_one_line(tmp_path, monkeypatch):
+    """The cosine of the unit CLIP image embeddings of result and source, computed as Flow-GRPO's
+    clip_scorer.image_similarity computes it (torchvision Resize + CenterCrop + Normalize of the float images, from the
+    processor's settings; get_image_features); a result equal to its source scores 1. Weights not in the local cache
+    while offline: one line naming the download."""
+    import torchvision.transforms as T
+    from huggingface_hub import constants
+    from transformers import CLIPImageProcessor, CLIPModel
+
+    from rewards.tiny import tiny_clip_folder
+
+    folder = tiny_clip_folder(tmp_path / "clip")
+    reward = load_reward("clip_image_similarity", pretrained=str(folder))
+    g = torch.Generator().manual_seed(0)
+    results, sources = torch.rand(3, 3, 40, 48, generator=g), torch.rand(3, 1, 3, 40, 48, generator=g)
+    scores = reward(results, ["x"] * 3, None, conditions=sources).scores
+    model, processor = CLIPModel.from_pretrained(folder).eval(), CLIPImageProcessor.from_pretrained(folder)
+    settings = processor.to_dict()
+    size = settings["size"]["shortest_edge"] if "shortest_edge" in settings["size"] else tuple(settings["size"].values())
+    crop = settings["crop_size"]
+    transform = T.Compose([T.Resize(size), T.CenterCrop((crop["height"], crop["width"])),
+                           T.Normalize(processor.image_mean, processor.image_std)])
+    with torch.no_grad():
+        a, b = (model.get_image_features(pixel_values=transform(x)) for x in (results, sources[:, 0]))
+    a, b = (getattr(x, "pooler_output", x) for x in (a, b))
+    expected = torch.diagonal((a / a.norm(dim=-1, keepdim=True)) @ (b / b.norm(dim=-1, keepdim=True)).T)
+    torch.testing.assert_close(scores, expected.float(), rtol=0, atol=1e-5)
+    same = reward(results, ["x"] * 3, None, conditions=results.unsqueeze(1)).scores
+    torch.testing.assert_close(same, torch.ones(3), rtol=0, atol=1e-5)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(OSError) as error:
+        load_reward("clip_image_similarity", pretrained="nonexistent-org/no-such-clip")
+    assert "\n" not in str(error.value) and "`hf download nonexistent-org/no-such-clip`" in str(error.value)
