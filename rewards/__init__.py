@@ -16,6 +16,7 @@ from rewards.common import import_object
 REGISTRY: dict[str, str] = {
     "toy": "rewards.toy.scorer:ToyScorer",
     "toy_edit": "rewards.toy.edit_scorer:ToyEditScorer",
+    "toy_edit_dense": "rewards.toy.edit_scorer:ToyEditDense",
     "toy_video": "rewards.toy.video_scorer:ToyVideoScorer",
     "toy_dense": "rewards.toy.dense:ToyDense",
     "analytic_hit": "rewards.analytic:AnalyticHit",

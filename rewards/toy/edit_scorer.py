@@ -41,6 +41,7 @@ conditions=sources [B, 1, 3, H, W] in [0, 1]) -> RewardOutput.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -55,6 +56,7 @@ from worlds.toy.edits import (
     EditPrompt,
     is_novel,
     parse_instruction,
+    render_target,
 )
 from worlds.toy.scenes import IMAGE_SIZE, ToyObject
 
@@ -249,3 +251,36 @@ class ToyEditScorer(Reward):
             raise ValueError(f"{self.name}: metadata text {meta['text']!r} does not match prompt {text!r}; "
                              "metadata misaligned?")
         return EditPrompt.from_dict({**meta, "text": text})
+
+
+@functools.lru_cache(maxsize=8192)
+def _target_pixels(record: EditPrompt, size: int) -> torch.Tensor:
+    """The record's ground-truth target rendered at ``size``: uint8 [3, size, size]."""
+    return torch.from_numpy(render_target(record, size).copy()).permute(2, 0, 1)
+
+
+class ToyEditDense(ToyEditScorer):
+    """``toy_edit`` with partial credit for an edit carried out in part, for training (as ``toy_dense`` is for the
+    image world): ``max(done, progress) x kept``, ``progress`` the share of the pixels the edit changes (where the
+    ground-truth target differs from the source by more than PIXEL_TOLERANCE) that the result shows as the target
+    does. A copy of the source makes no progress (0); a half-recoloured object about half; the full edit 1, also
+    where ``done`` holds with the object elsewhere (an add may go anywhere free). Needs the record (metadata);
+    a sample without one scores as ``toy_edit``."""
+
+    name = "toy_edit_dense"
+
+    def score_uint8(self, images, prompts, metadata, conditions) -> RewardOutput:
+        out = super().score_uint8(images, prompts, metadata, conditions)
+        progress = []
+        for i, text in enumerate(prompts):
+            record = self._record(text, None if metadata is None else metadata[i])
+            if record is None or images.shape[-1] != images.shape[-2]:
+                progress.append(out.info["done"][i])
+                continue
+            target = _target_pixels(record, images.shape[-1]).to(torch.int32)
+            source, result = conditions[i, 0].to(torch.int32), images[i].to(torch.int32)
+            changed = ((target - source) ** 2).sum(0) > PIXEL_TOLERANCE**2
+            shown = ((result - target) ** 2).sum(0) <= PIXEL_TOLERANCE**2
+            progress.append(float((shown & changed).sum() / changed.sum()) if changed.any() else out.info["done"][i])
+        scores = [max(d, p) * k for d, p, k in zip(out.info["done"], progress, out.info["kept"])]
+        return RewardOutput(scores=torch.tensor(scores, dtype=torch.float32), info={**out.info, "progress": progress})

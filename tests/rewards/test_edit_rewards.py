@@ -129,3 +129,23 @@ def test_clip_image_similarity_is_flow_grpos_edit_scorer_and_missing_weights_are
     with pytest.raises(OSError) as error:
         load_reward("clip_image_similarity", pretrained="nonexistent-org/no-such-clip")
     assert "\n" not in str(error.value) and "`hf download nonexistent-org/no-such-clip`" in str(error.value)
+
+
+def test_the_dense_edit_reward_credits_an_edit_done_in_part():
+    """toy_edit_dense: the ground truth 1 and a copy of the source 0 on every held-out edit, as toy_edit; a result
+    halfway from the source to the target (each changed pixel blended) earns partial credit where toy_edit gives
+    none, and more of the edit earns more."""
+    import numpy as np
+
+    from worlds.toy import edits
+
+    items = edits.eval_edits()[::4]
+    pixels = lambda images: torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 255  # noqa: E731
+    target = pixels([edits.render_target(p, 32) for p in items])
+    source = pixels([edits.render_source(p, 32) for p in items])
+    texts, meta, conditions = [p.text for p in items], [p.to_dict() for p in items], source.unsqueeze(1)
+    dense, exact = load_reward("toy_edit_dense"), load_reward("toy_edit")
+    means = [float(dense(source + w * (target - source), texts, meta, conditions=conditions).scores.mean())
+             for w in (0.0, 0.4, 0.5, 1.0)]
+    assert means[0] == 0.0 and means[-1] == 1.0 and 0.0 < means[1] < means[2] < 1.0, means
+    assert float(exact(source + 0.4 * (target - source), texts, meta, conditions=conditions).scores.mean()) < means[1]

@@ -113,3 +113,34 @@ def test_shipped_wan_scores_in_band_and_a_random_model_does_not(tmp_path):
     assert WanPipeline.from_pretrained(tmp_path).vae.config.latents_mean == pipe.vae.config.latents_mean
     random = evaluate_snapshot(tmp_path, cfg, held_out(clips.eval_prompts(), WAN_RANDOM_PER_TASK))
     assert random["mean_score"] < FLOOR, random
+
+
+# ---- the tiny FLUX.1-Kontext of configs/edit.yaml (flowgrpo pretrain-toy-edit)
+KONTEXT = ASSETS_DIR / "tiny-kontext"
+KONTEXT_SHIPPED_PER_TASK, KONTEXT_RANDOM_PER_TASK = 8, 4
+
+
+def test_shipped_kontext_loads_small_and_plain():
+    from diffusers import FluxKontextPipeline
+
+    pipe = FluxKontextPipeline.from_pretrained(KONTEXT)
+    assert not pipe.transformer.config.guidance_embeds and pipe.vae.config.shift_factor != 0.0  # the tiny SD3's VAE
+    size = sum(f.stat().st_size for f in KONTEXT.rglob("*") if f.is_file())
+    assert size <= 20 * 2**20, f"shipped edit model is {size / 2**20:.1f} MB (limit 20 MB)"
+
+
+def test_shipped_kontext_edits_in_band_and_a_random_model_does_not(tmp_path):
+    """The shipped editor carries out part of the held-out edits (the first 8 of each task) and keeps the rest of the
+    source; a random transformer and text encoders with the same VAE and tokenizer do not."""
+    from diffusers import FluxKontextPipeline
+
+    from flowgrpo.tiny.builders import TinyKontextSizes, build_tiny_kontext_pipeline
+    from flowgrpo.tiny.pretrain_edit import PretrainEditConfig, evaluate_snapshot
+
+    cfg = PretrainEditConfig()
+    shipped = evaluate_snapshot(KONTEXT, cfg, KONTEXT_SHIPPED_PER_TASK)
+    assert FLOOR <= shipped["mean_score"] <= 0.70, shipped
+    pipe = FluxKontextPipeline.from_pretrained(KONTEXT)
+    build_tiny_kontext_pipeline(pipe.tokenizer, TinyKontextSizes(), seed=1, vae=pipe.vae).save_pretrained(tmp_path)
+    random = evaluate_snapshot(tmp_path, cfg, KONTEXT_RANDOM_PER_TASK)
+    assert random["mean_score"] < FLOOR, random
