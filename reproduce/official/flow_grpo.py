@@ -79,10 +79,10 @@ FLOW_GRPO_RUNS = {
     "pickscore_sd3": ("config/grpo.py", SD3, "sd3_5_medium", ["pickscore"]),
     "clipscore_sd3": ("config/grpo.py", SD3, "sd3_5_medium", ["clipscore"]),
     "pickscore_flux": ("config/grpo.py", FLUX, "flux_dev", ["pickscore"]),
-    # the editing runs: reward_fn also weighs the CLIP image similarity to the source, which flowgrpo has no reward for
-    # (its map says so); GenEval scores the edit's object count from the row's GenEval metadata
-    "counting_flux_kontext": ("config/grpo.py", KONTEXT, "flux1_kontext_dev", ["geneval"]),
-    "counting_qwenimage_edit": ("config/grpo.py", QWEN_EDIT, "qwen_image_edit_2511", ["geneval"]),
+    # the editing runs: reward_fn weighs GenEval (the edit's object count from the row's GenEval metadata) and the
+    # CLIP image similarity to the source (flowgrpo's clip_image_similarity); their weights are reward_fn's values
+    "counting_flux_kontext": ("config/grpo.py", KONTEXT, "flux1_kontext_dev", ["geneval", "clip_image_similarity"]),
+    "counting_qwenimage_edit": ("config/grpo.py", QWEN_EDIT, "qwen_image_edit_2511", ["geneval", "clip_image_similarity"]),
 }
 RUNS = {
     "flow_grpo": FLOW_GRPO_RUNS,
@@ -176,6 +176,15 @@ def edit_facts(checkout: Checkout, script: Script, values: dict) -> dict:
                                            r'self\.model = CLIPModel\.from_pretrained\("([^"]+)"\)', convert=str),
         "code.image_similarity_score": code_fact(checkout, "flow_grpo/clip_scorer.py",
                                                  r"^\s*sim = (pixel_embeds @ ref_embeds\.T)$", convert=str),
+        # how it preprocesses (torchvision's tensor Resize + CenterCrop + Normalize), what it is given: the sampler's
+        # float images as they are, and the reward_fn's ref_images (the squashed PIL sources) as uint8 / 255
+        "code.image_similarity_transform": code_fact(checkout, "flow_grpo/clip_scorer.py", r"resize = (T\.Resize)\(get_size",
+                                                     convert=str),
+        "code.image_similarity_images": code_fact(checkout, "flow_grpo/rewards.py", r"if not (isinstance\(images, torch\.Tensor\)):",
+                                                  convert=str, function="image_similarity_score"),
+        "code.image_similarity_reference": code_fact(
+            checkout, "flow_grpo/rewards.py", r"^\s*ref_images = (torch\.tensor\(ref_images, dtype=torch\.uint8\)/255\.0)$",
+            convert=str, function="image_similarity_score"),
     }
     facts.update(k_repeat_sampler_facts(checkout, s))
     rewarded = [name for name in ("pickscore", "ocr", "geneval") if values.get(f"reward_fn.{name}") is not None]
