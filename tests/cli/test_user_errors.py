@@ -109,7 +109,7 @@ TRAINING = [
                                          r"images: 0 \(first on row 2\), 1 \(first on row 1\); give every row the same"),
     (["prompts={tmp}/edit_both.jsonl"], r"edit_both.jsonl:1 has both 'image' and 'images'; give one path as 'image'"),
     (["prompts={tmp}/edit_ok.jsonl"], r"prompts='.*edit_ok.jsonl' carries 1 condition image\(s\) per prompt but "
-                                      r"model.family=sd3 generates from text alone; train an editing family \(flux_kontext"),
+                                      r"model.family=sd3 generates from text alone; train an editing family \(flux2, .*flux_kontext"),
     (["--config", "configs/edit.yaml", "prompts={tmp}/edit_two.jsonl"], r"prompts='.*edit_two.jsonl' carries 2 condition "
                                                                         r"images per prompt; model.family=flux_kontext "
                                                                         r"takes at most 1$"),

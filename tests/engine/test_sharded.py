@@ -96,6 +96,9 @@ CASES = {  # name -> (preset, the count of what it trains, settings)
 # the two-machine test's settings: also the paths a short run skips: the held-out evaluation at the start (split over
 # the processes) and the gradient-noise probe on every step (its norms summed over the shards)
 MACHINES = {"train.iterations": 2, "eval.at_start": True, "log.grad_noise_every": 1}
+# an editing family (the toy edits: an instruction and its source image a row), rewarded by a reward that sees the source
+EDIT = {"model.family": "flux_kontext", "model.guidance_scale": 2.0, "prompts": "toy-edit-train",
+        "eval.prompts": "toy-edit-eval", "eval.reward": "toy_edit"}
 
 
 def SHARED_RUNS(test: str, case: str | None = None, sharded: bool | None = None, trained: str | None = None) -> dict:
@@ -118,6 +121,8 @@ def SHARED_RUNS(test: str, case: str | None = None, sharded: bool | None = None,
                 "two": _train(2, "wan22", default="default_t2v", reward=FRAMES, sharded=sharded, **video)}
     if test == "test_two_machines_on_localhost":
         return {"single": _train(2, "sd3", **MACHINES)}
+    if test == "test_sharded_editing_model":
+        return {n: _train(nproc, "kontext", "flow_grpo", reward="preservation", **EDIT) for n, nproc in (("one", 1), ("two", 2))}
     return {}
 
 
@@ -250,3 +255,14 @@ def test_fsdp_version_1_is_refused_naming_the_fix():
         fsdp_plugin(launch)
     unsharded = SimpleNamespace(distributed_type="MULTI_GPU", num_processes=2, state=SimpleNamespace())
     assert fsdp_plugin(unsharded) is None or os.environ.get("ACCELERATE_USE_FSDP") == "true"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")
+def test_sharded_editing_model(shared_runs):
+    """An editing family (FLUX.1-Kontext) sharded over 2 processes (FSDP2) trains what one process trains: each
+    process encodes its own prompts' sources with their text, and the transformer's shards see the source's tokens
+    after the latent's."""
+    one, two = shared_runs["one"].run, shared_runs["two"].run
+    _assert_same_training(one, two, "trained_transitions", SMALL["train.learning_rate"])
+    assert all(r["max_abs_ratio_minus_1_epoch0"] == 0.0 for r in _metrics(two))
