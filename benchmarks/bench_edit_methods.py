@@ -7,8 +7,7 @@ FLUX.1-Kontext on the toy edits (configs/edit.yaml under ``--preset``: the prese
 settings) for ``--minutes`` of training time, twice: on the reward, and on the negated reward (every reward weight
 times -1: a rise learned from the reward becomes a fall). The held-out ``toy_edit`` score of the 128 held-out edits is
 measured before and after each (the same prompts and seeds: the change is paired). A method learns to edit when its
-run rises and its control falls. Prints the table and writes runs/bench-edit-methods/results.json (copy it to
-docs/results/edit_methods.json with the table in docs/results/edit_methods.md).
+run rises and its control falls. Prints the table and writes runs/bench-edit-methods/results.json.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ rows (an instruction and its source image each), rewarded by a reward that sees 
 end-to-end contract of train_fixtures.train_and_check (ρ = 1 at inner epoch 0, DiffusionNFT's v⁺ = v_old, weights
 moved). The first run also checks that the source goes where the prompt goes: beside every saved sample and every
 held-out sample in the run folder, and into the gallery's data. Whether each learns on the edit world, with its
-negated control, is benchmarks/bench_edit_methods.py's (docs/results/edit_methods.md)."""
+negated control, is what benchmarks/bench_edit_methods.py measures."""
 
 from __future__ import annotations
 
