@@ -28,7 +28,7 @@ def test_the_best_positive_samples_are_kept_truncated_and_aged_out():
     its prompt; an entry is replayed for ``age`` iterations, then dropped."""
     plan = compose_plan(6, kernel="flow_sde", group_size=4, train_fraction=1.0)
     rec = rollout(lambda x, s, c: 0.3 * x, plan, prompt_ids=[0, 1], latent_shape=(3,), seed=2)
-    batch = SimpleNamespace(record=rec, texts=["a cat", "a dog"])
+    batch = SimpleNamespace(record=rec, texts=["a cat", "a dog"], metadata=[{}, {}])
     roots = {}
     parents = rec.node_parent.tolist()
     for node in range(len(parents)):

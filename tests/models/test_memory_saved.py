@@ -219,7 +219,7 @@ def test_a_family_without_a_cp_plan_is_refused_in_one_line(model, family, capsys
 
     with pytest.raises(UserExit, match=rf"context parallelism 2: \w+ \(the {family} family\) has no _cp_plan, so "
                                        r"diffusers cannot split its sequence; the families that have one: flux, flux2, "
-                                       r"flux2_klein, qwen_image, wan$"):
+                                       r"flux2_klein, flux_kontext, qwen_image, qwen_image_edit, wan$"):
         main(["plan", "--model", model, "--processes", "2", "--context-parallel", "2"])
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
