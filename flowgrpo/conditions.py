@@ -139,12 +139,13 @@ def images_of(metadata: list[dict] | None) -> list[list] | None:
     return [[load(p) for p in m[KEY]] for m in metadata]
 
 
-def reward_conditions(metadata: list[dict] | None, size: tuple[int, int]) -> torch.Tensor | None:
-    """The rows' condition images as rewards take them: float32 [B, K, 3, H, W] in [0, 1], each resized to the
-    result's ``size`` (H, W) with an antialiased bilinear filter; None for rows without any."""
+def reward_conditions(metadata: list[dict] | None, size: tuple[int, int], rewards) -> torch.Tensor | None:
+    """The rows' condition images as ``rewards`` take them: float32 [B, K, 3, H, W] in [0, 1], each resized to the
+    result's ``size`` (H, W) with an antialiased bilinear filter; None for rows without any, or where no reward
+    sees them (``Reward.sees_condition``: then nothing is loaded or resized)."""
     import numpy as np
 
-    if not metadata or not count(metadata):
+    if not metadata or not count(metadata) or not any(getattr(r, "sees_condition", False) for r in rewards):
         return None
     height, width = int(size[0]), int(size[1])
     rows = []

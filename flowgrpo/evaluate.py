@@ -139,7 +139,8 @@ def evaluate(
     outputs = share(lambda: [
         reward(images[i : i + batch_size], mine[i : i + batch_size],
                None if mine_meta is None else mine_meta[i : i + batch_size],
-               reward_conditions(None if mine_meta is None else mine_meta[i : i + batch_size], images.shape[-2:]))
+               reward_conditions(None if mine_meta is None else mine_meta[i : i + batch_size], images.shape[-2:],
+                                 [reward]))
         for i in range(0, len(mine), batch_size)
     ])
     scores = torch.cat([o.scores for o in outputs])

@@ -78,7 +78,7 @@ class Scoring:
     def submit(self, media: torch.Tensor, texts: list[str], metadata: list[dict]):
         """Score a decoded chunk in the worker thread; a Future of its RewardResult. The rows' condition images (an
         edit's source, flowgrpo/conditions.py) go with it, at the chunk's size, to the rewards that see them."""
-        return self.runner.submit(media, texts, metadata, reward_conditions(metadata, media.shape[-2:]))
+        return self.runner.submit(media, texts, metadata, reward_conditions(metadata, media.shape[-2:], self.rewards))
 
     def collect(self, futures: list) -> torch.Tensor:
         """The rewards [L, K] of an iteration's chunks (in leaf order), warning once per failed call."""

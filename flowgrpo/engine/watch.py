@@ -150,7 +150,7 @@ class Watch:
         values |= {name: statistic(name, media, prompts, self.embedder()) for name in self.statistics}
         for name, reward in self.rewards.items():
             values[name] = reward(media.float().cpu(), prompts, metadata,
-                                  reward_conditions(metadata, media.shape[-2:])).scores.cpu()
+                                  reward_conditions(metadata, media.shape[-2:], [reward])).scores.cpu()
         return values
 
     def observe(self, iteration: int, values: dict[str, torch.Tensor], training: tuple[float, float] | None,
